@@ -1,0 +1,62 @@
+"""Typed errors. Every message says what happened and what to do next; none carries a secret."""
+
+from __future__ import annotations
+
+
+class OracleError(Exception):
+    """Base class of every error tsoracle raises on purpose."""
+
+
+class ConfigError(OracleError):
+    """Bad input from the user: a malformed URL, an unknown option value."""
+
+
+class InvalidTimeline(ConfigError):
+    """A timeline name that is not one of the supported forms."""
+
+
+class OracleUnavailable(OracleError):
+    """The backend cannot be reached or answered with an error that retries did not clear."""
+
+
+class NotInitialized(OracleUnavailable):
+    """The schema or a timeline has not been provisioned yet."""
+
+
+class UnknownTimeline(NotInitialized):
+    """The timeline exists nowhere in the backend."""
+
+    def __init__(self, timeline: str) -> None:
+        self.timeline = timeline
+        super().__init__(
+            f"timeline {timeline!r} does not exist in the backend; "
+            f"create it with `tsoracle init --timeline {timeline}`"
+        )
+
+
+class Fenced(OracleError):
+    """This process was superseded: a newer leader or a flip moved the epoch."""
+
+
+class TimelineMismatch(OracleError):
+    """A read mixes inputs that live on different timelines."""
+
+    def __init__(self, timelines: list[str]) -> None:
+        self.timelines = sorted(set(timelines))
+        super().__init__(
+            "inputs are on different timelines ("
+            + ", ".join(repr(t) for t in self.timelines)
+            + "); read each timeline separately, they have no common timestamp"
+        )
+
+
+class ReadOnly(OracleError):
+    """A write operation on an oracle opened with read_only=True."""
+
+
+class ClockSkew(OracleError):
+    """A write timestamp would run further ahead of the wall clock than allowed."""
+
+
+class TimestampExhausted(OracleError):
+    """The timeline reached the largest representable timestamp."""

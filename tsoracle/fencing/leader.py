@@ -1,0 +1,124 @@
+"""Legacy leadership: a per-timeline leader epoch checked by the storage itself.
+
+Starting a leader bumps the epoch in the timeline's legacy row. Every window reservation is a
+conditional UPDATE on that row and every confirmation a SELECT of it, so a superseded leader learns
+it lost, from the storage, before it hands out anything the new leader could contradict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tsoracle.errors import Fenced, UnknownTimeline
+from tsoracle.fencing.coalesce import Coalescer
+from tsoracle.fencing.modes import GUARD, Deployment, read_deployment, superseded
+from tsoracle.store import Backend
+
+_WHERE = "WHERE timeline = %(timeline)s AND implementation = 'legacy'"
+_START = (
+    "UPDATE {timestamps} SET leader_epoch = leader_epoch + 1 " + _WHERE +
+    " RETURNING leader_epoch, read_ts, write_ts, GUARD_EXPR"
+)
+_RESERVE = (
+    "UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(upper)s::numeric),"
+    " read_ts = GREATEST(read_ts, %(read)s::numeric) " + _WHERE +
+    " AND leader_epoch = %(leader_epoch)s AND GUARD_EXPR RETURNING write_ts"
+)
+_CONFIRM = "SELECT leader_epoch = %(leader_epoch)s AND GUARD_EXPR FROM {timestamps} " + _WHERE
+
+
+@dataclass(frozen=True)
+class Start:
+    leader_epoch: int
+    read_ts: int
+    upper: int
+
+
+class Leadership:
+    """One process's claim to serve a timeline from memory."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        timeline: str,
+        opened: Deployment,
+        *,
+        guarded: bool,
+        on_batch: Callable[[int], None] | None = None,
+        on_query: Callable[[str], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.timeline = timeline
+        self.opened = opened
+        self.leader_epoch = -1
+        guard = GUARD if guarded else "TRUE"
+        self._start_sql = _START.replace("GUARD_EXPR", guard)
+        self._reserve_sql = _RESERVE.replace("GUARD_EXPR", guard)
+        self._confirm_sql = _CONFIRM.replace("GUARD_EXPR", guard)
+        self._on_query = on_query or (lambda _name: None)
+        self._confirms = Coalescer(self._confirm_once, on_batch)
+        self.fenced: Fenced | None = None
+
+    def _params(self, **extra: object) -> dict[str, object]:
+        return {"timeline": self.timeline, "epoch": self.opened.epoch,
+                "leader_epoch": self.leader_epoch, **extra}
+
+    async def start(self) -> Start:
+        """Become the leader, fencing whoever was before; returns the durable state to resume."""
+        self._on_query("become_leader")
+        rows = await self.backend.fetch(self._start_sql, self._params())
+        if not rows:
+            raise UnknownTimeline(self.timeline)
+        leader_epoch, read_ts, upper, ok = rows[0]
+        self.leader_epoch = int(leader_epoch)
+        if not ok:
+            raise await self._explain()
+        return Start(self.leader_epoch, self.backend.dec(read_ts), self.backend.dec(upper))
+
+    async def reserve(self, upper: int, read_ts: int) -> int:
+        """Durably reserve timestamps up to `upper`; returns the reserved upper."""
+        self.check()
+        self._on_query("reserve_window")
+        rows = await self.backend.fetch(
+            self._reserve_sql,
+            self._params(upper=self.backend.enc(upper), read=self.backend.enc(read_ts)),
+        )
+        if not rows:
+            raise await self._explain()
+        return self.backend.dec(rows[0][0])
+
+    async def confirm(self) -> None:
+        """Raise Fenced unless the storage still names this process leader; callers share calls."""
+        self.check()
+        await self._confirms.call()
+
+    async def _confirm_once(self) -> None:
+        self.check()
+        self._on_query("confirm_leadership")
+        rows = await self.backend.fetch(self._confirm_sql, self._params())
+        if not rows:
+            raise UnknownTimeline(self.timeline)
+        if not rows[0][0]:
+            raise await self._explain()
+
+    def check(self) -> None:
+        if self.fenced is not None:
+            raise self.fenced
+
+    async def _explain(self) -> Fenced:
+        rows = await self.backend.fetch(
+            "SELECT leader_epoch FROM {timestamps} " + _WHERE, {"timeline": self.timeline}
+        )
+        current = int(rows[0][0]) if rows else None
+        if current is not None and current != self.leader_epoch:
+            err = Fenced(
+                f"a newer legacy leader took over timeline {self.timeline!r} (leader epoch "
+                f"{self.leader_epoch} -> {current}); only one process may serve a timeline with "
+                "the legacy implementation, use the distributed one for several processes"
+            )
+        else:
+            now = await read_deployment(self.backend)
+            err = superseded(self.opened, now, "legacy")
+        self.fenced = err
+        return err

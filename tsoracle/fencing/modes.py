@@ -1,0 +1,103 @@
+"""Fencing modes, the deployment row, and the guard the storage evaluates on every statement.
+
+The deployment row is the source of truth (epoch, active implementation, fencing mode, rollout
+flag). Flips copy it into every per-timeline row in the same transaction, so a guarded statement
+checks the row it touches. That matters on PostgreSQL: an UPDATE that waited for a flip's row lock
+re-reads the locked row, but not other tables, so the check must live in that row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tsoracle.errors import ConfigError, Fenced
+from tsoracle.store import Backend, Tx
+
+MODES = ("Always", "Rollout", "Disabled")
+IMPLEMENTATIONS = ("legacy", "distributed")
+
+# True while this process may release results: it runs the active implementation and its epoch is
+# current, or the mode is Rollout and no rollout is in progress, or fencing is Disabled.
+GUARD = (
+    "(fence = 'Disabled' OR (active AND (epoch = %(epoch)s"
+    " OR (fence = 'Rollout' AND NOT rollout))))"
+)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    epoch: int
+    implementation: str
+    fence: str
+    rollout: bool
+
+
+_READ = "SELECT epoch, implementation, fence, rollout FROM {deployment} WHERE id = 1"
+
+
+async def read_deployment(db: Backend | Tx, *, for_update: bool = False) -> Deployment:
+    rows = await db.fetch(_READ + (" FOR UPDATE" if for_update else ""))
+    if not rows:
+        raise Fenced("the deployment row is missing; run `tsoracle init` to provision the schema")
+    epoch, impl, fence, rollout = rows[0]
+    return Deployment(int(epoch), str(impl), str(fence), bool(rollout))
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ConfigError(f"fencing mode {mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+def check_implementation(implementation: str) -> str:
+    if implementation not in IMPLEMENTATIONS:
+        raise ConfigError(
+            f"implementation {implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}"
+        )
+    return implementation
+
+
+def superseded(opened: Deployment, now: Deployment, implementation: str) -> Fenced:
+    """The error a process gets once the deployment moved on without it."""
+    if now.implementation != implementation:
+        what = f"the active implementation is now {now.implementation!r} (epoch {now.epoch})"
+    else:
+        what = f"the epoch moved from {opened.epoch} to {now.epoch}"
+    return Fenced(
+        f"this {implementation} oracle was fenced: {what}; reopen it with tsoracle.connect("
+        f"implementation={now.implementation!r})"
+    )
+
+
+async def set_fencing(backend: Backend, mode: str) -> Deployment:
+    """Change the fencing mode everywhere in one transaction."""
+    check_mode(mode)
+
+    async def body(tx: Tx) -> Deployment:
+        await read_deployment(tx, for_update=True)
+        params = {"fence": mode}
+        await tx.fetch(
+            "UPDATE {deployment} SET fence = %(fence)s,"
+            " rollout = CASE WHEN %(fence)s = 'Rollout' THEN rollout ELSE FALSE END WHERE id = 1",
+            params,
+        )
+        await tx.fetch(
+            "UPDATE {timestamps} SET fence = %(fence)s,"
+            " rollout = CASE WHEN %(fence)s = 'Rollout' THEN rollout ELSE FALSE END",
+            params,
+        )
+        return await read_deployment(tx)
+
+    return await backend.transaction(body)
+
+
+async def finish_rollout(backend: Backend) -> Deployment:
+    """Mark the rollout done: in Rollout mode, processes on the active side stop re-checking."""
+
+    async def body(tx: Tx) -> Deployment:
+        await read_deployment(tx, for_update=True)
+        await tx.fetch("UPDATE {deployment} SET rollout = FALSE WHERE id = 1")
+        await tx.fetch("UPDATE {timestamps} SET rollout = FALSE")
+        return await read_deployment(tx)
+
+    return await backend.transaction(body)

@@ -1,0 +1,39 @@
+"""Third floor: the TimestampOracle API and its implementations. Uses fencing/ and store/."""
+
+from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
+from tsoracle.oracle.connect import (
+    connect,
+    finish_rollout,
+    flip,
+    init,
+    open_oracle,
+    set_fencing,
+    status,
+)
+from tsoracle.oracle.flip import FlipResult
+from tsoracle.oracle.group_commit import GroupCommitter
+from tsoracle.oracle.metrics import serve_metrics
+from tsoracle.oracle.sync import SyncTimestampOracle, connect_sync, open_sync
+from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, Timeline, common_timeline, parse_timeline
+
+__all__ = [
+    "EPOCH_MILLISECONDS",
+    "FlipResult",
+    "GroupCommitter",
+    "SyncTimestampOracle",
+    "Timeline",
+    "TimestampOracle",
+    "WriteTimestamp",
+    "common_timeline",
+    "connect",
+    "connect_sync",
+    "finish_rollout",
+    "flip",
+    "init",
+    "open_oracle",
+    "open_sync",
+    "parse_timeline",
+    "serve_metrics",
+    "set_fencing",
+    "status",
+]

@@ -1,0 +1,158 @@
+"""The TimestampOracle interface shared by every implementation, with its instrumentation."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple, TypeVar
+
+from tsoracle.errors import ConfigError, Fenced, OracleError, ReadOnly
+from tsoracle.fencing import Deployment
+from tsoracle.oracle import metrics
+from tsoracle.oracle.timeline import Timeline
+from tsoracle.store import U64_MAX, Backend
+
+T = TypeVar("T")
+
+
+class WriteTimestamp(NamedTuple):
+    """A write timestamp and the frontier a writer may advance its output to afterwards."""
+
+    timestamp: int
+    advance_to: int
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def check_ts(ts: object) -> int:
+    if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts <= U64_MAX:
+        raise ConfigError(f"timestamp {ts!r} is not an integer in [0, 2**64 - 1]")
+    return ts
+
+
+class TimestampOracle(ABC):
+    """Per-timeline timestamps: `write_ts`, `peek_write_ts`, `read_ts`, `apply_write`.
+
+    Subclasses implement the underscored methods; this class counts, times and guards them.
+    """
+
+    implementation = "abstract"
+
+    def __init__(
+        self,
+        backend: Backend,
+        timeline: Timeline,
+        deployment: Deployment,
+        *,
+        read_only: bool,
+        fenced: bool,
+        now: Callable[[], int] | None,
+        max_clock_skew_ms: int | None,
+    ) -> None:
+        self.backend = backend
+        self.timeline = timeline
+        self.deployment = deployment
+        self.read_only = read_only
+        self.fencing_enabled = fenced
+        self.now = now or wall_clock_ms
+        self.max_clock_skew_ms = max_clock_skew_ms
+        impl = self.implementation
+        self._started = {op: metrics.STARTED.labels(op, impl) for op in metrics.OPERATIONS}
+        self._ok = {op: metrics.SUCCEEDED.labels(op, impl) for op in metrics.OPERATIONS}
+        self._latency = {op: metrics.LATENCY.labels(op, impl) for op in metrics.OPERATIONS}
+        self._confirm_latency = metrics.CONFIRM_LATENCY.labels(impl)
+        self._queries: dict[str, metrics.Counter] = {}
+        self._lag = metrics.READ_LAG.labels(timeline.name) if timeline.wall_clock else None
+        metrics.EPOCH.labels(timeline.name).set(deployment.epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The deployment epoch this oracle opened under."""
+        return self.deployment.epoch
+
+    def count_query(self, statement: str) -> None:
+        counter = self._queries.get(statement)
+        if counter is None:
+            counter = metrics.BACKEND_QUERIES.labels(statement, self.implementation)
+            self._queries[statement] = counter
+        counter.inc()
+
+    def batch_observer(self, operation: str) -> Callable[[int], None]:
+        return metrics.BATCH_SIZE.labels(operation, self.implementation).observe
+
+    async def write_ts(self) -> WriteTimestamp:
+        """Allocate a timestamp above every write and read timestamp handed out so far."""
+        self._writable("write_ts")
+        return await self._observe("write_ts", self._write_ts)
+
+    async def peek_write_ts(self) -> int:
+        """The latest allocated write timestamp, without allocating."""
+        return await self._observe("peek_write_ts", self._peek_write_ts)
+
+    async def read_ts(self) -> int:
+        """A timestamp that covers every completed apply_write and no pending write."""
+        ts = await self._observe("read_ts", self._read_ts)
+        if self._lag is not None:
+            self._lag.set(self.now() - ts)
+        return ts
+
+    async def apply_write(self, ts: int) -> None:
+        """Mark writes at `ts` complete: afterwards read_ts >= ts and write_ts >= ts."""
+        self._writable("apply_write")
+        check_ts(ts)
+        await self._observe("apply_write", lambda: self._apply_write(ts))
+
+    async def confirm_leadership(self) -> None:
+        """Raise Fenced unless the storage shows this process is still current."""
+        start = time.perf_counter()
+        try:
+            await self._observe("confirm_leadership", self._confirm_leadership)
+        finally:
+            self._confirm_latency.observe(time.perf_counter() - start)
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+    async def __aenter__(self) -> TimestampOracle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _writable(self, op: str) -> None:
+        if self.read_only:
+            raise ReadOnly(
+                f"{op} needs a writable oracle; this one was opened with read_only=True"
+            )
+
+    async def _observe(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+        self._started[op].inc()
+        start = time.perf_counter()
+        try:
+            result = await fn()
+        except OracleError as exc:
+            metrics.FAILED.labels(op, self.implementation, type(exc).__name__).inc()
+            if isinstance(exc, Fenced):
+                metrics.FENCED.labels(self.implementation).inc()
+            raise
+        self._latency[op].observe(time.perf_counter() - start)
+        self._ok[op].inc()
+        return result
+
+    @abstractmethod
+    async def _write_ts(self) -> WriteTimestamp: ...
+
+    @abstractmethod
+    async def _peek_write_ts(self) -> int: ...
+
+    @abstractmethod
+    async def _read_ts(self) -> int: ...
+
+    @abstractmethod
+    async def _apply_write(self, ts: int) -> None: ...
+
+    @abstractmethod
+    async def _confirm_leadership(self) -> None: ...

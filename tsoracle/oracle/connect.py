@@ -1,0 +1,165 @@
+"""Opening oracles, and the deployment-wide admin calls (init, flip, fencing, status)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from tsoracle.errors import ConfigError, Fenced, NotInitialized, UnknownTimeline
+from tsoracle.fencing import (
+    Deployment,
+    check_implementation,
+    check_mode,
+    read_deployment,
+)
+from tsoracle.fencing import finish_rollout as _finish_rollout
+from tsoracle.fencing import set_fencing as _set_fencing
+from tsoracle.oracle import metrics
+from tsoracle.oracle.api import TimestampOracle, wall_clock_ms
+from tsoracle.oracle.distributed import DistributedOracle
+from tsoracle.oracle.flip import FlipResult, flip_backend
+from tsoracle.oracle.legacy import DEFAULT_WINDOW, LegacyOracle
+from tsoracle.oracle.provision import Provisioned, provision, timeline_exists
+from tsoracle.oracle.status import Status, read_status
+from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
+from tsoracle.store import Backend, RetryPolicy, open_backend, parse_url
+from tsoracle.store.schema import schema_exists
+
+DEFAULT_MAX_CLOCK_SKEW_MS = 60_000
+
+
+async def _open_backend(url: str, implementation: str = "admin", **kwargs: Any) -> Backend:
+    retries = metrics.RETRIES
+    backend = open_backend(
+        parse_url(url), on_retry=lambda reason: retries.labels(reason, implementation).inc(),
+        **kwargs,
+    )
+    await backend.open()
+    return backend
+
+
+async def _require_schema(backend: Backend) -> Deployment:
+    if not await schema_exists(backend):
+        raise NotInitialized(
+            f"{backend.url.safe} has no tsoracle schema {backend.url.schema!r}; "
+            "run `tsoracle init` (or let the operator provision it)"
+        )
+    return await read_deployment(backend)
+
+
+async def open_oracle(
+    url: str,
+    *,
+    timeline: str = EPOCH_MILLISECONDS,
+    implementation: str | None = "distributed",
+    batching: bool = True,
+    read_only: bool = False,
+    now: Callable[[], int] | None = None,
+    fencing: str | None = None,
+    max_clock_skew_ms: int | None = DEFAULT_MAX_CLOCK_SKEW_MS,
+    window: int = DEFAULT_WINDOW,
+    pool_size: int = 10,
+    retry: RetryPolicy | None = None,
+) -> TimestampOracle:
+    """Open an oracle the caller must `close()`; `connect` is the context-manager form.
+
+    `implementation=None` follows the deployment's active implementation. `fencing` overrides
+    the deployment's mode for this process only (for experiments; production follows the
+    deployment).
+    """
+    tl = parse_timeline(timeline)
+    if implementation is not None:
+        check_implementation(implementation)
+    if fencing is not None:
+        check_mode(fencing)
+    if implementation == "legacy" and read_only:
+        raise ConfigError(
+            "the legacy oracle serves from its leader's memory, so it cannot be read-only; "
+            "open read-only clients with implementation='distributed'"
+        )
+    impl_label = implementation or "active"
+    backend = await _open_backend(url, impl_label, pool_size=pool_size, retry=retry)
+    try:
+        dep = await _require_schema(backend)
+        if not await timeline_exists(backend, tl.name):
+            raise UnknownTimeline(tl.name)
+        chosen = implementation or dep.implementation
+        mode = fencing or dep.fence
+        fenced = mode != "Disabled"
+        if fenced and chosen != dep.implementation:
+            raise Fenced(
+                f"the active implementation is {dep.implementation!r} (epoch {dep.epoch}), not "
+                f"{chosen!r}; open with implementation={dep.implementation!r} or None"
+            )
+        common: dict[str, Any] = dict(read_only=read_only, fenced=fenced, now=now,
+                      max_clock_skew_ms=max_clock_skew_ms)
+        if chosen == "legacy":
+            legacy = LegacyOracle(backend, tl, dep, window=window, **common)
+            await legacy.start()
+            metrics.LEADER_EPOCH.labels(tl.name).set(legacy.leadership.leader_epoch)
+            return legacy
+        return DistributedOracle(backend, tl, dep, batching=batching, **common)
+    except BaseException:
+        await backend.close()
+        raise
+
+
+@asynccontextmanager
+async def connect(url: str, **kwargs: Any) -> AsyncIterator[TimestampOracle]:
+    """`async with tsoracle.connect(url, timeline=…, implementation=…) as oracle: …`"""
+    oracle = await open_oracle(url, **kwargs)
+    try:
+        yield oracle
+    finally:
+        await oracle.close()
+
+
+@asynccontextmanager
+async def _admin(url: str) -> AsyncIterator[Backend]:
+    backend = await _open_backend(url)
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+async def init(
+    url: str,
+    *,
+    timelines: Iterable[str] = (EPOCH_MILLISECONDS,),
+    initial_ts: int = 0,
+    implementation: str = "distributed",
+    fencing: str | None = None,
+) -> Provisioned:
+    """Create the schema, tables and timelines that are missing (idempotent)."""
+    async with _admin(url) as backend:
+        return await provision(backend, timelines, initial_ts=initial_ts,
+                               implementation=implementation, fencing=fencing)
+
+
+async def flip(url: str, *, to: str) -> FlipResult:
+    """Make `to` the active implementation: new epoch, target bootstrapped above all others."""
+    check_implementation(to)
+    async with _admin(url) as backend:
+        await _require_schema(backend)
+        return await flip_backend(backend, to)
+
+
+async def set_fencing(url: str, mode: str) -> Deployment:
+    check_mode(mode)
+    async with _admin(url) as backend:
+        await _require_schema(backend)
+        return await _set_fencing(backend, mode)
+
+
+async def finish_rollout(url: str) -> Deployment:
+    async with _admin(url) as backend:
+        await _require_schema(backend)
+        return await _finish_rollout(backend)
+
+
+async def status(url: str, *, now: Callable[[], int] | None = None) -> Status:
+    async with _admin(url) as backend:
+        await _require_schema(backend)
+        return await read_status(backend, now or wall_clock_ms)

@@ -1,0 +1,121 @@
+"""The distributed oracle: every operation is one statement against the timeline's row.
+
+The backend linearizes the operations, so any number of processes may share a timeline. With
+fencing on, each statement also evaluates the guard on the row it touches, so a process the
+deployment has moved past gets `Fenced` from the same statement, with no extra round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tsoracle.errors import ClockSkew, TimestampExhausted, UnknownTimeline
+from tsoracle.fencing import GUARD, Coalescer, read_deployment, superseded
+from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
+from tsoracle.store import U64_MAX
+
+_ROW = "WHERE timeline = %(timeline)s AND implementation = 'distributed'"
+_WRITE = (
+    "UPDATE {timestamps} SET write_ts = GREATEST(write_ts + 1, %(now)s::numeric) " + _ROW +
+    " AND write_ts < %(max)s::numeric AND write_ts + 1 <= %(ceiling)s::numeric AND GUARD_EXPR"
+    " RETURNING write_ts"
+)
+_PEEK = "SELECT write_ts, GUARD_EXPR FROM {timestamps} " + _ROW
+_READ = "SELECT read_ts, GUARD_EXPR FROM {timestamps} " + _ROW
+_APPLY = (
+    "UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(ts)s::numeric),"
+    " read_ts = GREATEST(read_ts, %(ts)s::numeric) " + _ROW + " AND GUARD_EXPR RETURNING read_ts"
+)
+_CONFIRM = "SELECT GUARD_EXPR FROM {timestamps} " + _ROW
+
+
+class DistributedOracle(TimestampOracle):
+    implementation = "distributed"
+
+    def __init__(self, *args: Any, batching: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        guard = GUARD if self.fencing_enabled else "TRUE"
+        self._sql = {
+            name: text.replace("GUARD_EXPR", guard)
+            for name, text in (("write", _WRITE), ("peek", _PEEK), ("read", _READ),
+                               ("apply", _APPLY), ("confirm", _CONFIRM))
+        }
+        self._base = {"timeline": self.timeline.name, "epoch": self.deployment.epoch}
+        self._reads = Coalescer(self._query_read, self.batch_observer("read_ts")) if batching \
+            else None
+        self._confirms = Coalescer(self._query_confirm, self.batch_observer("confirm_leadership"))
+
+    async def _fetch(self, name: str, **params: Any) -> list[tuple[Any, ...]]:
+        self.count_query(name)
+        return await self.backend.fetch(self._sql[name], {**self._base, **params})
+
+    async def _write_ts(self) -> WriteTimestamp:
+        now = self.now() if self.timeline.wall_clock else 0
+        ceiling = U64_MAX
+        if self.timeline.wall_clock and self.max_clock_skew_ms is not None:
+            ceiling = min(U64_MAX, now + self.max_clock_skew_ms)
+        enc = self.backend.enc
+        rows = await self._fetch("write", now=enc(now), max=enc(U64_MAX), ceiling=enc(ceiling))
+        if not rows:
+            raise await self._why_no_write(now)
+        ts = self.backend.dec(rows[0][0])
+        return WriteTimestamp(ts, ts + 1)
+
+    async def _peek_write_ts(self) -> int:
+        return await self._select("peek")
+
+    async def _read_ts(self) -> int:
+        if self._reads is None:
+            return await self._query_read()
+        return await self._reads.call()
+
+    async def _query_read(self) -> int:
+        return await self._select("read")
+
+    async def _apply_write(self, ts: int) -> None:
+        rows = await self._fetch("apply", ts=self.backend.enc(ts))
+        if not rows:
+            raise await self._why_refused()
+
+    async def _confirm_leadership(self) -> None:
+        await self._confirms.call()
+
+    async def _query_confirm(self) -> None:
+        rows = await self._fetch("confirm")
+        if not rows:
+            raise UnknownTimeline(self.timeline.name)
+        if not rows[0][0]:
+            raise await self._why_refused()
+
+    async def _select(self, name: str) -> int:
+        rows = await self._fetch(name)
+        if not rows:
+            raise UnknownTimeline(self.timeline.name)
+        value, ok = rows[0]
+        if not ok:
+            raise await self._why_refused()
+        return self.backend.dec(value)
+
+    async def _why_refused(self) -> Exception:
+        rows = await self._fetch("confirm")
+        if not rows:
+            return UnknownTimeline(self.timeline.name)
+        return superseded(self.deployment, await read_deployment(self.backend), "distributed")
+
+    async def _why_no_write(self, now: int) -> Exception:
+        rows = await self.backend.fetch(self._sql["peek"], self._base)
+        if not rows:
+            return UnknownTimeline(self.timeline.name)
+        current, ok = self.backend.dec(rows[0][0]), rows[0][1]
+        if not ok:
+            return superseded(self.deployment, await read_deployment(self.backend), "distributed")
+        if current >= U64_MAX:
+            return TimestampExhausted(
+                f"timeline {self.timeline.name!r} reached the largest timestamp (2**64 - 1); "
+                "start a new timeline"
+            )
+        return ClockSkew(
+            f"timeline {self.timeline.name!r} is at {current}, {current + 1 - now} ms ahead of "
+            f"this process's wall clock, more than the allowed {self.max_clock_skew_ms} ms; "
+            "check the clocks of the writers, or raise max_clock_skew_ms"
+        )

@@ -1,0 +1,68 @@
+"""Flipping the active implementation, with max-timestamp bootstrap and an epoch bump."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tsoracle.fencing import Deployment, check_implementation, read_deployment
+from tsoracle.store import Backend, Tx
+
+
+@dataclass(frozen=True)
+class FlipResult:
+    epoch: int
+    implementation: str
+    previous: str
+    changed: bool
+    bootstrap: dict[str, int] = field(default_factory=dict)  # timeline -> target's start
+
+
+async def flip_backend(backend: Backend, to: str) -> FlipResult:
+    """One transaction: bump the epoch, bootstrap `to` above everything, fence the rest.
+
+    Every per-timeline row is locked first (SELECT ... FOR UPDATE) so no allocation can slip in
+    between reading the maximum and raising the target to it.
+    """
+    check_implementation(to)
+
+    async def body(tx: Tx) -> FlipResult:
+        dep = await read_deployment(tx, for_update=True)
+        rows = await tx.fetch(
+            "SELECT timeline, implementation, read_ts, write_ts FROM {timestamps}"
+            " ORDER BY timeline, implementation FOR UPDATE"
+        )
+        top: dict[str, int] = {}
+        for timeline, impl, read_ts, write_ts in rows:
+            value = max(backend.dec(read_ts), backend.dec(write_ts))
+            if dep.implementation == to and impl != to:
+                continue  # already there: report the target's own position
+            top[timeline] = max(top.get(timeline, 0), value)
+        if dep.implementation == to:
+            return FlipResult(dep.epoch, to, to, False, top)
+        epoch = dep.epoch + 1
+        rollout = dep.fence == "Rollout"
+        await tx.fetch(
+            "UPDATE {deployment} SET epoch = %(epoch)s, implementation = %(to)s,"
+            " rollout = %(rollout)s WHERE id = 1",
+            {"epoch": epoch, "to": to, "rollout": rollout},
+        )
+        for timeline, value in top.items():
+            await tx.fetch(
+                "UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(top)s::numeric),"
+                " read_ts = GREATEST(read_ts, %(top)s::numeric)"
+                " WHERE timeline = %(timeline)s AND implementation = %(to)s",
+                {"top": backend.enc(value), "timeline": timeline, "to": to},
+            )
+        # The leader epoch bump fences any legacy leader, whichever way we flip.
+        await tx.fetch(
+            "UPDATE {timestamps} SET epoch = %(epoch)s, active = (implementation = %(to)s),"
+            " rollout = %(rollout)s, leader_epoch = leader_epoch + 1",
+            {"epoch": epoch, "to": to, "rollout": rollout},
+        )
+        return FlipResult(epoch, to, dep.implementation, True, top)
+
+    return await backend.transaction(body)
+
+
+def describe(dep: Deployment) -> str:
+    return f"{dep.implementation} at epoch {dep.epoch} (fencing {dep.fence})"

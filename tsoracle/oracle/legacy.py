@@ -1,0 +1,123 @@
+"""The legacy oracle: timestamps served from memory by the one leader process.
+
+Timestamps come from a window reserved durably ahead of time, so no call does I/O except the
+rare reservation. It is valid only while this process is the leader: with fencing on, results are
+released after a (shared) `confirm_leadership` that asks the storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tsoracle.errors import ClockSkew, TimestampExhausted
+from tsoracle.fencing import Leadership
+from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
+from tsoracle.store import U64_MAX
+
+DEFAULT_WINDOW = 1000  # ms on EpochMilliseconds, timestamps on counting timelines
+
+
+class LegacyOracle(TimestampOracle):
+    implementation = "legacy"
+
+    def __init__(self, *args: Any, window: int = DEFAULT_WINDOW, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        self.window = window
+        self.leadership = Leadership(
+            self.backend, self.timeline.name, self.deployment, guarded=self.fencing_enabled,
+            on_batch=self.batch_observer("confirm_leadership"), on_query=self.count_query,
+        )
+        self._read = 0
+        self._write = 0
+        self._upper = 0
+        self._extending = asyncio.Lock()
+        self._prefetch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Take over the timeline; a previous leader is fenced from now on."""
+        state = await self.leadership.start()
+        # The old leader may have handed out anything up to its reserved upper.
+        self._read = self._write = self._upper = state.upper
+        await self._extend(self._write + 1)
+
+    async def _write_ts(self) -> WriteTimestamp:
+        while True:
+            self.leadership.check()
+            now = self.now() if self.timeline.wall_clock else 0
+            nxt = max(self._write + 1, now)
+            if nxt > U64_MAX:
+                raise TimestampExhausted(
+                    f"timeline {self.timeline.name!r} reached the largest timestamp"
+                )
+            if self.timeline.wall_clock and self.max_clock_skew_ms is not None \
+                    and nxt > now + self.max_clock_skew_ms:
+                raise ClockSkew(
+                    f"timeline {self.timeline.name!r} would hand out {nxt}, "
+                    f"{nxt - now} ms ahead of the wall clock (allowed: "
+                    f"{self.max_clock_skew_ms} ms); check the writers' clocks"
+                )
+            if nxt <= self._upper:
+                self._write = nxt  # no await since computing nxt: allocation is atomic
+                break
+            await self._extend(nxt)
+        self._maybe_prefetch()
+        await self._release()
+        return WriteTimestamp(nxt, nxt + 1)
+
+    async def _peek_write_ts(self) -> int:
+        value = self._write
+        await self._release()
+        return value
+
+    async def _read_ts(self) -> int:
+        value = self._read
+        await self._release()
+        return value
+
+    async def _apply_write(self, ts: int) -> None:
+        while ts > self._upper:
+            await self._extend(ts)
+        self._write = max(self._write, ts)
+        self._read = max(self._read, ts)
+        await self._release()
+
+    async def _confirm_leadership(self) -> None:
+        await self.leadership.confirm()
+
+    async def _release(self) -> None:
+        self.leadership.check()
+        if self.fencing_enabled:
+            await self.leadership.confirm()
+
+    async def _extend(self, needed: int) -> None:
+        """Reserve a window covering `needed` before any timestamp in it is handed out."""
+        async with self._extending:
+            if needed <= self._upper:
+                return
+            target = min(U64_MAX, needed + self.window)
+            self._upper = await self.leadership.reserve(target, self._read)
+
+    def _maybe_prefetch(self) -> None:
+        # Reserve the next window in the background once half of this one is used, so callers
+        # rarely wait for a reservation.
+        if self._prefetch is not None and not self._prefetch.done():
+            return
+        now = self.now() if self.timeline.wall_clock else 0
+        if max(self._write, now) + self.window // 2 < self._upper:
+            return
+        self._prefetch = asyncio.get_running_loop().create_task(self._prefetch_once())
+
+    async def _prefetch_once(self) -> None:
+        try:
+            now = self.now() if self.timeline.wall_clock else 0
+            await self._extend(max(self._write, now) + self.window // 2 + 1)
+        except Exception:  # the next caller that needs the window sees the error itself
+            pass
+
+    async def close(self) -> None:
+        if self._prefetch is not None and not self._prefetch.done():
+            self._prefetch.cancel()
+        await super().close()

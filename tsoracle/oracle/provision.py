@@ -1,0 +1,83 @@
+"""Provisioning: schema, deployment row and timelines, all idempotent."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tsoracle.fencing import (
+    IMPLEMENTATIONS,
+    Deployment,
+    check_implementation,
+    check_mode,
+    read_deployment,
+    set_fencing,
+)
+from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
+from tsoracle.store import Backend, Tx
+from tsoracle.store.dialect import U64_MAX
+from tsoracle.store.schema import ensure_schema
+
+_INSERT = (
+    "INSERT INTO {timestamps} (timeline, implementation, read_ts, write_ts, leader_epoch, epoch,"
+    " active, fence, rollout) VALUES (%(timeline)s, %(implementation)s, %(ts)s::numeric,"
+    " %(ts)s::numeric, 0, %(epoch)s, %(active)s, %(fence)s, %(rollout)s)"
+    " ON CONFLICT (timeline, implementation) DO NOTHING"
+)
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    deployment: Deployment
+    created: list[str]  # timelines that did not exist before
+
+
+async def provision(
+    backend: Backend,
+    timelines: Iterable[str] = (EPOCH_MILLISECONDS,),
+    *,
+    initial_ts: int = 0,
+    implementation: str = "distributed",
+    fencing: str | None = None,
+) -> Provisioned:
+    """Create schema, tables and timelines that are missing; existing state is never changed.
+
+    `implementation` applies only to a brand-new deployment; use `flip` to change it later.
+    `fencing`, when given, sets the mode for the whole deployment.
+    """
+    names = [parse_timeline(t).name for t in timelines]
+    check_implementation(implementation)
+    if not 0 <= initial_ts <= U64_MAX:
+        raise ValueError("initial_ts must be in [0, 2**64 - 1]")
+    fence = check_mode(fencing or "Always")
+    await ensure_schema(backend, implementation=implementation, fence=fence)
+    if fencing is not None:
+        await set_fencing(backend, fencing)
+
+    async def body(tx: Tx) -> Provisioned:
+        # Locking the deployment row orders us with flips: new rows carry the current epoch.
+        dep = await read_deployment(tx, for_update=True)
+        created = []
+        for name in names:
+            existing = await tx.fetch(
+                "SELECT 1 FROM {timestamps} WHERE timeline = %(timeline)s", {"timeline": name}
+            )
+            if existing:
+                continue
+            created.append(name)
+            for impl in IMPLEMENTATIONS:
+                await tx.fetch(_INSERT, {
+                    "timeline": name, "implementation": impl, "ts": backend.enc(initial_ts),
+                    "epoch": dep.epoch, "active": impl == dep.implementation,
+                    "fence": dep.fence, "rollout": dep.rollout,
+                })
+        return Provisioned(dep, created)
+
+    return await backend.transaction(body)
+
+
+async def timeline_exists(backend: Backend, timeline: str) -> bool:
+    rows = await backend.fetch(
+        "SELECT 1 FROM {timestamps} WHERE timeline = %(timeline)s", {"timeline": timeline}
+    )
+    return bool(rows)

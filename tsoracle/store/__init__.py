@@ -1,0 +1,18 @@
+"""Ground floor: URLs, dialects, connection pools, retries, schema. Knows nothing of oracles."""
+
+from tsoracle.store.backend import Backend, Rows, Tx, open_backend
+from tsoracle.store.dialect import U64_MAX
+from tsoracle.store.retry import RetryPolicy
+from tsoracle.store.url import DEFAULT_URL, BackendURL, parse_url
+
+__all__ = [
+    "DEFAULT_URL",
+    "U64_MAX",
+    "Backend",
+    "BackendURL",
+    "RetryPolicy",
+    "Rows",
+    "Tx",
+    "open_backend",
+    "parse_url",
+]

@@ -1,0 +1,78 @@
+"""The backend interface the upper floors use: one statement, or one transaction, with retries."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from tsoracle.store.dialect import Dialect
+from tsoracle.store.retry import RetryPolicy
+from tsoracle.store.url import BackendURL
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+
+
+class Tx(ABC):
+    """A transaction in progress; statements run in order on one connection."""
+
+    @abstractmethod
+    async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows: ...
+
+
+class Backend(ABC):
+    """A pool of connections to one database; all errors leave as tsoracle errors."""
+
+    dialect: Dialect
+    url: BackendURL
+
+    def __init__(
+        self,
+        url: BackendURL,
+        *,
+        retry: RetryPolicy | None = None,
+        on_retry: Callable[[str], None] | None = None,
+    ) -> None:
+        self.url = url
+        self.retry = retry or RetryPolicy()
+        self.on_retry = on_retry
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect once to fail fast with a clear error, then start the pool."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
+        """Run one statement in its own implicit transaction, retrying transient failures."""
+
+    @abstractmethod
+    async def transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        """Run `body` in one transaction; the whole body is retried on transient failures."""
+
+    @abstractmethod
+    async def execute_ddl(self, statement: Any) -> None:
+        """Run one DDL statement (unprepared), retrying transient failures."""
+
+    @abstractmethod
+    async def table_exists(self, table: str) -> bool: ...
+
+    def enc(self, ts: int) -> Any:
+        return self.dialect.encode_ts(ts)
+
+    def dec(self, value: Any) -> int:
+        return self.dialect.decode_ts(value)
+
+
+def open_backend(url: BackendURL, **kwargs: Any) -> Backend:
+    """Make (not yet open) the backend for a parsed URL."""
+    if url.is_sqlite:
+        from tsoracle.store.sqlite import SqliteBackend
+
+        return SqliteBackend(url, **kwargs)
+    from tsoracle.store.postgres import PostgresBackend
+
+    return PostgresBackend(url, **kwargs)

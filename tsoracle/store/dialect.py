@@ -1,0 +1,150 @@
+"""SQL dialect differences, all in one place.
+
+Statements are written once, PostgreSQL-flavoured, as templates: `{timestamps}` and
+`{deployment}` name tables, `%(name)s` names parameters, `GREATEST`, `::numeric` and
+`FOR UPDATE` are allowed. `render` turns a template into what the driver runs.
+
+Timestamps are unsigned 64-bit. PostgreSQL/CockroachDB keep them in NUMERIC(20,0), which
+cannot overflow on `+ 1`. SQLite has only signed 64-bit integers, so there a timestamp `t` is
+stored as `t - 2**63`: order and `+ 1` are preserved and the whole unsigned range fits.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any
+
+from psycopg import sql
+
+U64_MAX = 2**64 - 1
+_BIAS = 2**63
+TABLES = ("timestamps", "deployment")
+
+
+class Dialect:
+    name = "abstract"
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+
+    def render(self, template: str) -> Any:
+        raise NotImplementedError
+
+    def encode_ts(self, ts: int) -> Any:
+        return ts
+
+    def decode_ts(self, value: Any) -> int:
+        return int(value)
+
+    def ddl(self) -> list[Any]:
+        raise NotImplementedError
+
+    def optional_ddl(self) -> list[Any]:
+        """Statements worth trying that some servers reject (CockroachDB-only options)."""
+        return []
+
+    def seed(self) -> Any:
+        """The statement that creates the deployment row if it is missing."""
+        return self.render(_SEED_DEPLOYMENT)
+
+
+_TABLE_DDL = """
+CREATE TABLE IF NOT EXISTS {deployment} (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch BIGINT NOT NULL,
+    implementation TEXT NOT NULL CHECK (implementation IN ('legacy', 'distributed')),
+    fence TEXT NOT NULL CHECK (fence IN ('Always', 'Rollout', 'Disabled')),
+    rollout BOOLEAN NOT NULL
+)
+"""
+_STATE_DDL = """
+CREATE TABLE IF NOT EXISTS {timestamps} (
+    timeline TEXT NOT NULL,
+    implementation TEXT NOT NULL CHECK (implementation IN ('legacy', 'distributed')),
+    read_ts TSTYPE NOT NULL,
+    write_ts TSTYPE NOT NULL,
+    leader_epoch BIGINT NOT NULL,
+    epoch BIGINT NOT NULL,
+    active BOOLEAN NOT NULL,
+    fence TEXT NOT NULL,
+    rollout BOOLEAN NOT NULL,
+    PRIMARY KEY (timeline, implementation)
+)
+"""
+_SEED_DEPLOYMENT = """
+INSERT INTO {deployment} (id, epoch, implementation, fence, rollout)
+VALUES (1, 1, %(implementation)s, %(fence)s, %(rollout)s) ON CONFLICT (id) DO NOTHING
+"""
+
+
+class PostgresDialect(Dialect):
+    """PostgreSQL and CockroachDB share this shape; `cockroach` toggles the extras."""
+
+    name = "postgresql"
+
+    def __init__(self, schema: str, cockroach: bool = False) -> None:
+        super().__init__(schema)
+        self.cockroach = cockroach
+        self._idents = {t: sql.Identifier(schema, t) for t in TABLES}
+
+    def render(self, template: str) -> sql.Composed:
+        return _pg_render(template, self.schema)
+
+    def decode_ts(self, value: Any) -> int:
+        return int(value) if not isinstance(value, Decimal) else int(value.to_integral_value())
+
+    def ddl(self) -> list[Any]:
+        ts_type = f"NUMERIC(20, 0) CHECK (VALUE_COL >= 0 AND VALUE_COL <= {U64_MAX})"
+        state = _STATE_DDL.replace(
+            "read_ts TSTYPE", "read_ts " + ts_type.replace("VALUE_COL", "read_ts")
+        ).replace("write_ts TSTYPE", "write_ts " + ts_type.replace("VALUE_COL", "write_ts"))
+        return [
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)),
+            self.render(_TABLE_DDL),
+            self.render(state),
+        ]
+
+    def optional_ddl(self) -> list[Any]:
+        # Hot single rows leave many MVCC versions behind on CockroachDB; a short GC TTL keeps
+        # scans of the oracle table cheap. PostgreSQL rejects the syntax, which is fine.
+        return [self.render("ALTER TABLE {timestamps} CONFIGURE ZONE USING gc.ttlseconds = 600")]
+
+
+@lru_cache(maxsize=512)
+def _pg_render(template: str, schema: str) -> sql.Composed:
+    return sql.SQL(template).format(**{t: sql.Identifier(schema, t) for t in TABLES})
+
+
+_PARAM_RE = re.compile(r"%\((\w+)\)s")
+
+
+class SqliteDialect(Dialect):
+    """One file, no schemas: the schema name prefixes the table names instead."""
+
+    name = "sqlite"
+
+    def render(self, template: str) -> str:
+        return _sqlite_render(template, self.schema)
+
+    def encode_ts(self, ts: int) -> int:
+        return ts - _BIAS
+
+    def decode_ts(self, value: Any) -> int:
+        return int(value) + _BIAS
+
+    def ddl(self) -> list[Any]:
+        return [
+            self.render(_TABLE_DDL),
+            self.render(_STATE_DDL.replace("TSTYPE", "INTEGER")),
+        ]
+
+
+@lru_cache(maxsize=512)
+def _sqlite_render(template: str, schema: str) -> str:
+    names = {t: '"' + f"{schema}_{t}".replace('"', '""') + '"' for t in TABLES}
+    text = template.format(**names)
+    text = _PARAM_RE.sub(r":\1", text)
+    text = text.replace("GREATEST(", "MAX(").replace("::numeric", "")
+    return text.replace(" FOR UPDATE", "")

@@ -1,0 +1,176 @@
+"""PostgreSQL / CockroachDB backend: psycopg 3 async, a connection pool, prepared statements."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+from psycopg import errors as pgerr
+
+from tsoracle.errors import NotInitialized, OracleError, OracleUnavailable
+from tsoracle.store.backend import Backend, Rows, Tx
+from tsoracle.store.dialect import PostgresDialect
+from tsoracle.store.retry import GaveUp, retrying
+
+T = TypeVar("T")
+
+
+class _PgTx(Tx):
+    def __init__(self, conn: psycopg.AsyncConnection, dialect: PostgresDialect) -> None:
+        self.conn = conn
+        self.dialect = dialect
+
+    async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
+        cur = await self.conn.execute(self.dialect.render(template), params)
+        return await cur.fetchall() if cur.description else []
+
+
+class PostgresBackend(Backend):
+    dialect: PostgresDialect
+
+    def __init__(self, *args: Any, pool_size: int = 10, connect_timeout: float = 5.0,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pool_size = pool_size
+        self.connect_timeout = connect_timeout
+        self.pool: psycopg_pool.AsyncConnectionPool | None = None
+
+    async def open(self) -> None:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.url.dsn, autocommit=True,
+                connect_timeout=max(1, math.ceil(self.connect_timeout)),
+            )
+        except psycopg.Error as exc:
+            raise OracleUnavailable(
+                f"cannot connect to {self.url.safe}: {self._why(exc)}"
+            ) from None
+        async with conn:
+            cur = await conn.execute("SELECT version()")
+            row = await cur.fetchone()
+        version = str(row[0]) if row else ""
+        self.dialect = PostgresDialect(self.url.schema, cockroach="CockroachDB" in version)
+        self.pool = psycopg_pool.AsyncConnectionPool(
+            self.url.dsn,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs={"autocommit": True, "prepare_threshold": 0},
+            timeout=self.retry.timeout,
+            open=False,
+            name="tsoracle",
+        )
+        try:
+            await self.pool.open(wait=True, timeout=self.connect_timeout)
+        except psycopg.Error as exc:
+            await self.pool.close()
+            raise OracleUnavailable(
+                f"cannot open a connection pool to {self.url.safe}: {self._why(exc)}"
+            ) from None
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+
+    async def fetch(
+        self, template: str, params: Mapping[str, Any] | None = None, *, prepare: bool = True
+    ) -> Rows:
+        query = self.dialect.render(template)
+        pool = self._pool()
+
+        async def once() -> Rows:
+            async with pool.connection() as conn:
+                cur = await conn.execute(query, params, prepare=prepare)
+                return await cur.fetchall() if cur.description else []
+
+        return await self._run(once)
+
+    async def transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        pool = self._pool()
+
+        async def once() -> T:
+            async with pool.connection() as conn, conn.transaction():
+                return await body(_PgTx(conn, self.dialect))
+
+        return await self._run(once)
+
+    async def execute_ddl(self, statement: Any) -> None:
+        """Run DDL unprepared (PostgreSQL cannot PREPARE it)."""
+        pool = self._pool()
+
+        async def once() -> None:
+            async with pool.connection() as conn:
+                await conn.execute(statement, prepare=False)
+
+        await self._run(once)
+
+    async def table_exists(self, table: str) -> bool:
+        rows = await self.fetch(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = %(s)s"
+            " AND table_name = %(t)s",
+            {"s": self.url.schema, "t": table},
+        )
+        return bool(rows)
+
+    def _pool(self) -> psycopg_pool.AsyncConnectionPool:
+        if self.pool is None:
+            raise OracleUnavailable("backend is closed; open a new oracle with tsoracle.connect")
+        return self.pool
+
+    async def _run(self, once: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await retrying(
+                once, policy=self.retry, transient=transient_reason, on_retry=self.on_retry
+            )
+        except GaveUp as exc:
+            raise OracleUnavailable(
+                f"backend {self.url.safe} still failing after {exc.attempts} attempts in "
+                f"{exc.elapsed:.1f}s ({self._why(exc.last)}); check that the server is up"
+            ) from None
+        except OracleError:
+            raise
+        except psycopg.Error as exc:
+            raise self._translate(exc) from None
+
+    def _translate(self, exc: psycopg.Error) -> OracleError:
+        if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName):
+            return NotInitialized(
+                f"schema {self.url.schema!r} is not provisioned in {self.url.safe}; "
+                "run `tsoracle init` (or let the operator provision it)"
+            )
+        if isinstance(exc, pgerr.InsufficientPrivilege):
+            return OracleUnavailable(
+                f"permission denied in {self.url.safe}: {self._why(exc)}; grant the oracle's "
+                "role access to its schema"
+            )
+        return OracleUnavailable(f"backend error from {self.url.safe}: {self._why(exc)}")
+
+    def _why(self, exc: BaseException) -> str:
+        text = str(exc).strip().splitlines()
+        first = text[0] if text else type(exc).__name__
+        state = getattr(exc, "sqlstate", None)
+        first = first.removeprefix("connection failed: ")
+        return self.url.scrub(f"{first} [SQLSTATE {state}]" if state else first)
+
+
+def transient_reason(exc: BaseException) -> str | None:
+    """Name the kind of a retryable failure, or None if retrying cannot help."""
+    if isinstance(exc, psycopg_pool.PoolTimeout):
+        return "pool_timeout"
+    if isinstance(exc, pgerr.SerializationFailure):
+        return "serialization_failure"
+    if isinstance(exc, pgerr.StatementCompletionUnknown):
+        return "ambiguous_result"
+    if isinstance(exc, pgerr.DeadlockDetected):
+        return "deadlock"
+    if isinstance(exc, psycopg.OperationalError):
+        state = exc.sqlstate or ""
+        if state.startswith("28") or state in ("3D000", "42501"):
+            return None  # credentials, missing database, privileges: the user must act
+        return "connection"
+    if isinstance(exc, psycopg.InterfaceError):
+        return "connection"
+    return None

@@ -1,0 +1,41 @@
+"""Idempotent creation of the schema and tables."""
+
+from __future__ import annotations
+
+import logging
+
+from tsoracle.errors import OracleUnavailable
+from tsoracle.store.backend import Backend
+from tsoracle.store.dialect import TABLES
+
+log = logging.getLogger(__name__)
+
+
+async def ensure_schema(backend: Backend, *, implementation: str, fence: str) -> None:
+    """Create what is missing; seed the deployment row only if it does not exist yet."""
+    for statement in backend.dialect.ddl():
+        # Two processes racing on CREATE ... IF NOT EXISTS can still collide in the catalog;
+        # the loser's second attempt finds the object and does nothing.
+        for attempt in range(3):
+            try:
+                await backend.execute_ddl(statement)
+                break
+            except OracleUnavailable:
+                if attempt == 2:
+                    raise
+    for statement in backend.dialect.optional_ddl():
+        try:
+            await backend.execute_ddl(statement)
+        except OracleUnavailable:
+            log.debug("optional table option not supported by this server; skipped")
+    await backend.fetch(
+        backend.dialect.seed(),
+        {"implementation": implementation, "fence": fence, "rollout": False},
+    )
+
+
+async def schema_exists(backend: Backend) -> bool:
+    for table in TABLES:
+        if not await backend.table_exists(table):
+            return False
+    return True

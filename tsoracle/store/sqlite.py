@@ -1,0 +1,146 @@
+"""SQLite backend: the embedded default for one machine.
+
+Several processes may share the file: WAL journaling lets readers run beside the writer, every
+write is one atomic statement or a `BEGIN IMMEDIATE` transaction, and `synchronous=FULL`
+makes a reserved timestamp survive power loss, not only a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from tsoracle.errors import NotInitialized, OracleError, OracleUnavailable
+from tsoracle.store.backend import Backend, Rows, Tx
+from tsoracle.store.dialect import SqliteDialect
+from tsoracle.store.retry import GaveUp, retrying
+
+T = TypeVar("T")
+_BUSY_MS = 5000
+
+
+class _SqliteTx(Tx):
+    def __init__(self, backend: SqliteBackend) -> None:
+        self.backend = backend
+
+    async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
+        return await self.backend._call(self.backend._execute, template, params)
+
+
+class SqliteBackend(Backend):
+    dialect: SqliteDialect
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.pop("pool_size", None)
+        kwargs.pop("connect_timeout", None)
+        super().__init__(*args, **kwargs)
+        self.dialect = SqliteDialect(self.url.schema)
+        # One connection, one thread: sqlite3 objects must not be used from two threads at once.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tsoracle-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        folder = os.path.dirname(self.url.dsn) or "."
+        if not os.path.isdir(folder):
+            raise OracleUnavailable(
+                f"cannot open {self.url.safe}: folder {folder!r} does not exist; create it first"
+            )
+        try:
+            self._conn = await self._call(self._connect)
+        except sqlite3.Error as exc:
+            raise OracleUnavailable(f"cannot open {self.url.safe}: {exc}") from None
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.url.dsn, timeout=_BUSY_MS / 1000, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_MS}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        return conn
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await self._call(conn.close)
+        self._thread.shutdown(wait=False)
+
+    async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
+        async def once() -> Rows:
+            async with self._lock:
+                return await self._call(self._execute, template, params)
+
+        return await self._run(once)
+
+    async def transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        async def once() -> T:
+            async with self._lock:
+                await self._call(self._raw, "BEGIN IMMEDIATE")
+                try:
+                    result = await body(_SqliteTx(self))
+                except BaseException:
+                    await self._call(self._raw, "ROLLBACK")
+                    raise
+                await self._call(self._raw, "COMMIT")
+                return result
+
+        return await self._run(once)
+
+    async def execute_ddl(self, statement: Any) -> None:
+        await self.fetch(statement)
+
+    async def table_exists(self, table: str) -> bool:
+        rows = await self.fetch(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = %(n)s",
+            {"n": f"{self.url.schema}_{table}"},
+        )
+        return bool(rows)
+
+    def _execute(self, template: str, params: Mapping[str, Any] | None) -> Rows:
+        conn = self._connection()
+        cur = conn.execute(self.dialect.render(template), params or {})
+        return cur.fetchall()
+
+    def _raw(self, statement: str) -> None:
+        self._connection().execute(statement)
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise OracleUnavailable("backend is closed; open a new oracle with tsoracle.connect")
+        return self._conn
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, fn, *args)
+
+    async def _run(self, once: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await retrying(
+                once, policy=self.retry, transient=_transient, on_retry=self.on_retry
+            )
+        except GaveUp as exc:
+            raise OracleUnavailable(
+                f"{self.url.safe} stayed locked for {exc.elapsed:.1f}s ({exc.last}); "
+                "another process holds a long write transaction"
+            ) from None
+        except OracleError:
+            raise
+        except sqlite3.Error as exc:
+            if "no such table" in str(exc):
+                raise NotInitialized(
+                    f"{self.url.safe} is not provisioned; run `tsoracle init`"
+                ) from None
+            raise OracleUnavailable(f"SQLite error in {self.url.safe}: {exc}") from None
+
+
+def _transient(exc: BaseException) -> str | None:
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return "busy"
+    return None

@@ -107,18 +107,18 @@ class Leadership:
             raise self.fenced
 
     async def _explain(self) -> Fenced:
-        rows = await self.backend.fetch(
-            "SELECT leader_epoch FROM {timestamps} " + _WHERE, {"timeline": self.timeline}
-        )
-        current = int(rows[0][0]) if rows else None
-        if current is not None and current != self.leader_epoch:
+        now = await read_deployment(self.backend)
+        if now.epoch != self.opened.epoch or now.implementation != "legacy":
+            err = superseded(self.opened, now, "legacy")
+        else:
+            rows = await self.backend.fetch(
+                "SELECT leader_epoch FROM {timestamps} " + _WHERE, {"timeline": self.timeline}
+            )
+            current = int(rows[0][0]) if rows else "?"
             err = Fenced(
                 f"a newer legacy leader took over timeline {self.timeline!r} (leader epoch "
                 f"{self.leader_epoch} -> {current}); only one process may serve a timeline with "
                 "the legacy implementation, use the distributed one for several processes"
             )
-        else:
-            now = await read_deployment(self.backend)
-            err = superseded(self.opened, now, "legacy")
         self.fenced = err
         return err

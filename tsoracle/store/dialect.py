@@ -45,10 +45,6 @@ class Dialect:
         """Statements worth trying that some servers reject (CockroachDB-only options)."""
         return []
 
-    def seed(self) -> Any:
-        """The statement that creates the deployment row if it is missing."""
-        return self.render(_SEED_DEPLOYMENT)
-
 
 _TABLE_DDL = """
 CREATE TABLE IF NOT EXISTS {deployment} (
@@ -73,7 +69,7 @@ CREATE TABLE IF NOT EXISTS {timestamps} (
     PRIMARY KEY (timeline, implementation)
 )
 """
-_SEED_DEPLOYMENT = """
+SEED_DEPLOYMENT = """
 INSERT INTO {deployment} (id, epoch, implementation, fence, rollout)
 VALUES (1, 1, %(implementation)s, %(fence)s, %(rollout)s) ON CONFLICT (id) DO NOTHING
 """

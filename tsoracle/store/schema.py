@@ -6,7 +6,7 @@ import logging
 
 from tsoracle.errors import OracleUnavailable
 from tsoracle.store.backend import Backend
-from tsoracle.store.dialect import TABLES
+from tsoracle.store.dialect import SEED_DEPLOYMENT, TABLES
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ async def ensure_schema(backend: Backend, *, implementation: str, fence: str) ->
         except OracleUnavailable:
             log.debug("optional table option not supported by this server; skipped")
     await backend.fetch(
-        backend.dialect.seed(),
+        SEED_DEPLOYMENT,
         {"implementation": implementation, "fence": fence, "rollout": False},
     )
 

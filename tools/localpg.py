@@ -1,0 +1,161 @@
+"""A throwaway PostgreSQL server on loopback, for tests, benchmarks and `make dev-cluster`.
+
+    python tools/localpg.py start DIR    # prints the URL of the `tsoracle` role
+    python tools/localpg.py stop DIR
+
+Runs the Debian `postgresql` binaries. As root, the server runs as the `postgres` user (initdb
+refuses root). Host connections need a password (so wrong-password cases are real); the
+superuser connects over the Unix socket in DIR.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROLE = "tsoracle"
+PASSWORD = "tsoracle-test-pw"
+DATABASE = "tsoracle"
+
+
+def bindir() -> Path:
+    try:
+        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True)
+        candidate = Path(out.stdout.strip())
+        if (candidate / "initdb").exists():
+            return candidate
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        raise RuntimeError("PostgreSQL server binaries not found; apt-get install postgresql")
+    return Path(found[-1]).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalPostgres:
+    def __init__(self, base: str | os.PathLike[str], port: int | None = None) -> None:
+        self.base = Path(base).resolve()
+        self.data = self.base / "data"
+        self.port_file = self.base / "port"
+        self.port = port or (int(self.port_file.read_text()) if self.port_file.exists()
+                             else free_port())
+        self.bin = bindir()
+        self._as_postgres = os.geteuid() == 0
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = [str(a) for a in args]
+        if self._as_postgres:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{Path(cmd[0 if not self._as_postgres else 4]).name} failed: "
+                               f"{proc.stderr.strip() or proc.stdout.strip()}")
+        return proc
+
+    def init(self) -> None:
+        if (self.data / "PG_VERSION").exists():
+            return
+        self.base.mkdir(parents=True, exist_ok=True)
+        if self._as_postgres:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.base, pw.pw_uid, pw.pw_gid)
+            # The server user must be able to walk down to its folder (mkdtemp makes 0700 dirs).
+            for parent in self.base.parents:
+                mode = parent.stat().st_mode
+                if not mode & 0o001:
+                    parent.chmod(mode | 0o001)
+        self._run(self.bin / "initdb", "-D", self.data, "-U", "postgres", "--auth-local=trust",
+                  "--auth-host=scram-sha-256", "-E", "UTF8", "--no-instructions")
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.write(
+                f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.base}'\n"
+                "shared_preload_libraries = 'pg_stat_statements'\n"
+                "pg_stat_statements.track = all\n"
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                "max_connections = 400\nlog_min_messages = warning\n"
+            )
+        self.port_file.write_text(str(self.port))
+
+    def running(self) -> bool:
+        return self._run(self.bin / "pg_ctl", "-D", self.data, "status", check=False).returncode == 0
+
+    def start(self) -> str:
+        self.init()
+        if not self.running():
+            self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.base / "server.log",
+                      "-w", "-t", "60", "start")
+        self._provision()
+        return self.url()
+
+    def stop(self) -> None:
+        if self.data.exists() and self.running():
+            self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+
+    def restart(self) -> None:
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.base / "server.log",
+                  "-w", "-t", "60", "start")
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def url(self, password: str = PASSWORD, database: str = DATABASE) -> str:
+        return f"postgresql://{ROLE}:{password}@127.0.0.1:{self.port}/{database}"
+
+    def admin_dsn(self, database: str = DATABASE) -> str:
+        return f"host={self.base} port={self.port} user=postgres dbname={database}"
+
+    def sql(self, statement: str, database: str = DATABASE) -> list[tuple[object, ...]]:
+        import psycopg
+
+        with psycopg.connect(self.admin_dsn(database), autocommit=True) as conn:
+            cur = conn.execute(statement)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+
+    def _provision(self) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                exists = self.sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{ROLE}'", "postgres")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        if not exists:
+            self.sql(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PASSWORD}'", "postgres")
+            self.sql(f"CREATE DATABASE {DATABASE} OWNER {ROLE}", "postgres")
+            self.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("start", "stop", "destroy"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    server = LocalPostgres(argv[1])
+    if argv[0] == "start":
+        print(server.start())
+    elif argv[0] == "stop":
+        server.stop()
+    else:
+        server.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -43,6 +43,7 @@ class SqliteBackend(Backend):
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tsoracle-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
+        self._closed = False
 
     async def open(self) -> None:
         folder = os.path.dirname(self.url.dsn) or "."
@@ -68,6 +69,7 @@ class SqliteBackend(Backend):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await self._call(conn.close)
+        self._closed = True
         self._thread.shutdown(wait=False)
 
     async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
@@ -115,6 +117,8 @@ class SqliteBackend(Backend):
         return self._conn
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:  # say so plainly instead of the executor's RuntimeError
+            raise OracleUnavailable("this oracle is closed; open a new one with tsoracle.connect")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, fn, *args)
 

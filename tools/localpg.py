@@ -79,13 +79,15 @@ class LocalPostgres:
                     parent.chmod(mode | 0o001)
         self._run(self.bin / "initdb", "-D", self.data, "-U", "postgres", "--auth-local=trust",
                   "--auth-host=scram-sha-256", "-E", "UTF8", "--no-instructions")
+        # fsync=off survives a server crash (the OS keeps the WAL); synchronous_commit stays on
+        # so a crash-restart never loses a committed timestamp.
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(
                 f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.base}'\n"
                 "shared_preload_libraries = 'pg_stat_statements'\n"
                 "pg_stat_statements.track = all\n"
-                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                "fsync = off\nfull_page_writes = off\n"
                 "max_connections = 400\nlog_min_messages = warning\n"
             )
         self.port_file.write_text(str(self.port))

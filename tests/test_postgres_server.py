@@ -1,0 +1,111 @@
+"""Behaviour only a real PostgreSQL server shows: server-side statement counts, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+
+import pytest
+from localpg import LocalPostgres
+from support.history import check
+from support.workload import Recorder
+
+import tsoracle
+
+COUNTER = "counter:server"
+
+
+def calls(pg: LocalPostgres, schema: str, needle: str) -> int:
+    """Executions the server itself counted for statements on `schema` containing `needle`."""
+    rows = pg.sql("SELECT query, calls FROM pg_stat_statements")
+    return sum(int(n) for q, n in rows if schema in str(q) and needle in str(q))
+
+
+async def test_256_concurrent_reads_need_far_fewer_selects(pg):
+    schema = "b_" + uuid.uuid4().hex[:10]
+    url = f"{pg.url()}?schema={schema}"
+    await tsoracle.init(url, timelines=[COUNTER])
+    async with tsoracle.connect(url, timeline=COUNTER) as o:
+        await o.apply_write(7)
+        pg.sql("SELECT pg_stat_statements_reset()")
+        results = await asyncio.gather(*[o.read_ts() for _ in range(256)])
+        assert results == [7] * 256
+        batched = calls(pg, schema, "SELECT read_ts")
+    async with tsoracle.connect(url, timeline=COUNTER, batching=False) as o:
+        pg.sql("SELECT pg_stat_statements_reset()")
+        await asyncio.gather(*[o.read_ts() for _ in range(256)])
+        raw = calls(pg, schema, "SELECT read_ts")
+    assert raw == 256  # the server counts what it executed: the method is sound
+    assert 1 <= batched <= 16
+
+
+@pytest.fixture
+def own_pg(tmp_path):
+    server = LocalPostgres(tmp_path / "pg")
+    server.start()
+    yield server
+    server.destroy()
+
+
+async def _run_with_fault(url: str, fault, impl: str = "distributed"):
+    rec = Recorder(url, COUNTER, impl, "faulty")
+    work = asyncio.create_task(rec.run(seconds=6, concurrency=32))
+    await asyncio.sleep(1.5)
+    before = len(rec.ops)
+    await fault()
+    await work
+    return rec, before
+
+
+@pytest.mark.parametrize("impl", ["distributed", "legacy"])
+async def test_killed_backend_connections_are_retried(own_pg, impl):
+    url = own_pg.url()
+    await tsoracle.init(url, timelines=[COUNTER], implementation=impl)
+
+    async def kill_repeatedly():
+        for _ in range(5):
+            killed = own_pg.sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE usename = 'tsoracle' AND pid <> pg_backend_pid()"
+            )
+            assert killed
+            await asyncio.sleep(0.3)
+
+    rec, before = await _run_with_fault(url, kill_repeatedly, impl)
+    assert rec.errors == 0 and rec.fenced == 0
+    assert len(rec.ops) > before + 100  # it kept going after the kills
+    assert check(rec.ops) == []
+    retried = tsoracle.oracle.metrics.RETRIES.labels("connection", impl)._value.get()
+    assert retried > 0
+
+
+async def test_postgres_restart_mid_run(own_pg):
+    url = own_pg.url()
+    await tsoracle.init(url, timelines=[COUNTER])
+
+    async def restart():
+        await asyncio.to_thread(own_pg.restart)
+
+    rec, before = await _run_with_fault(url, restart)
+    assert rec.errors == 0
+    assert len(rec.ops) > before + 100
+    assert check(rec.ops) == []
+    async with tsoracle.connect(url, timeline=COUNTER) as o:  # durable across the restart
+        top = max(op.value for op in rec.ops)
+        assert (await o.write_ts()).timestamp > top
+
+
+async def test_unreachable_server_gives_up_with_a_clear_error(own_pg):
+    url = own_pg.url()
+    await tsoracle.init(url, timelines=[COUNTER])
+    policy = tsoracle.store.RetryPolicy(timeout=1.0)
+    oracle = await tsoracle.open_oracle(url, timeline=COUNTER, retry=policy)
+    try:
+        await oracle.read_ts()
+        own_pg.stop()
+        with pytest.raises(tsoracle.OracleUnavailable, match="still failing after"):
+            await oracle.read_ts()
+    finally:
+        with contextlib.suppress(Exception):
+            await oracle.close()

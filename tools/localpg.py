@@ -93,7 +93,8 @@ class LocalPostgres:
         self.port_file.write_text(str(self.port))
 
     def running(self) -> bool:
-        return self._run(self.bin / "pg_ctl", "-D", self.data, "status", check=False).returncode == 0
+        status = self._run(self.bin / "pg_ctl", "-D", self.data, "status", check=False)
+        return status.returncode == 0
 
     def start(self) -> str:
         self.init()

@@ -20,8 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
-import tsoracle  # noqa: E402
 from support.history import Op  # noqa: E402
+
+import tsoracle  # noqa: E402
 
 
 class Recorder:

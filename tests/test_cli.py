@@ -1,0 +1,74 @@
+"""The `tsoracle` command as a user runs it: real processes, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def tso(*args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "tsoracle.cli", *args]
+    if url is not None:
+        cmd += ["--url", url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_init_ts_status_flip(url):
+    assert tso("init", "--timeline", "EpochMilliseconds", "--timeline", "counter:c",
+               url=url).returncode == 0
+    w = tso("ts", "write", "--timeline", "counter:c", url=url)
+    assert w.returncode == 0 and w.stdout.strip() == "1"
+    assert tso("ts", "apply", "1", "--timeline", "counter:c", url=url).stdout.strip() == "1"
+    assert tso("ts", "read", "--timeline", "counter:c", url=url).stdout.strip() == "1"
+    assert tso("ts", "peek", "--timeline", "counter:c", url=url).stdout.strip() == "1"
+    st = json.loads(tso("status", "--json", url=url).stdout)
+    assert st["deployment"]["implementation"] == "distributed"
+    by_name = {t["timeline"]: t for t in st["timelines"]}
+    assert by_name["counter:c"]["read_ts"] == 1 and by_name["counter:c"]["lag_ms"] is None
+    assert by_name["EpochMilliseconds"]["lag_ms"] > 0
+    table = tso("status", url=url).stdout
+    assert "counter:c" in table and "epoch: 1" in table
+    f = json.loads(tso("flip", "--to", "legacy", "--json", url=url).stdout)
+    assert f["epoch"] == 2 and f["bootstrap"]["counter:c"] >= 1
+    again = tso("flip", "--to", "legacy", url=url)
+    assert again.returncode == 0 and "already on legacy" in again.stdout
+    assert tso("fencing", "Rollout", url=url).returncode == 0
+    assert json.loads(tso("status", "--json", url=url).stdout)["deployment"]["fence"] == "Rollout"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["status", "--url", "mysql://h/db"], "unsupported URL scheme"),
+    (["status", "--url", "postgresql://u:pw-secret@127.0.0.1:1/db"], "cannot connect"),
+    (["ts", "read", "--timeline", "bogus"], "unknown timeline"),
+    (["ts", "apply"], "needs the timestamp"),
+])
+def test_errors_are_one_line_without_traceback(args, needle, tmp_path):
+    if "--url" not in args:
+        tso("init", url=f"sqlite:///{tmp_path / 'x.db'}")
+        args = [*args, "--url", f"sqlite:///{tmp_path / 'x.db'}"]
+    r = tso(*args)
+    assert r.returncode == 1
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "pw-secret" not in r.stderr
+
+
+def test_unprovisioned_and_unknown_timeline(tmp_path):
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    r = tso("status", url=url)
+    assert r.returncode == 1 and "tsoracle init" in r.stderr
+    tso("init", url=url)
+    r = tso("ts", "read", "--timeline", "counter:nope", url=url)
+    assert r.returncode == 1 and "counter:nope" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_one_shot_legacy_command_needs_consent(tmp_path):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    tso("init", "--implementation", "legacy", url=url)
+    r = tso("ts", "write", url=url)
+    assert r.returncode == 1 and "--take-leadership" in r.stderr
+    r = tso("ts", "write", "--take-leadership", url=url)
+    assert r.returncode == 0 and int(r.stdout) > 0

@@ -1,0 +1,265 @@
+"""Closed-loop benchmark of the oracle, with two physical-limit probes measured in the same run.
+
+Probes: the bare round trip of one prepared single-row SELECT (the floor of any backend
+operation), and the pure-asyncio ceiling: N tasks waiting on futures that a resolver completes a
+batch at a time, with no I/O (the most any batched oracle could do in one Python process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tsoracle.oracle import GroupCommitter, init, open_oracle
+from tsoracle.oracle import metrics as m
+from tsoracle.store import parse_url
+
+TIMELINE = "counter:bench"
+BENCH_SCHEMA = "tsoracle_bench"
+APPEND_SECONDS = 0.010  # the simulated changelog append of a group commit
+
+
+@dataclass
+class Result:
+    mode: str
+    implementation: str
+    batching: bool
+    concurrency: int
+    ops: int
+    seconds: float
+    ops_per_s: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    queries: int
+    queries_per_s: float
+    queries_per_op: float
+    mean_batch: float
+    groups: int = 0  # group commits (write/mixed modes)
+    queries_per_commit: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def bench_url(url: str) -> str:
+    """Benchmarks write to their own schema unless the URL names one."""
+    if "schema=" in url:
+        return url
+    return url + ("&" if "?" in url else "?") + f"schema={BENCH_SCHEMA}"
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] * 1000
+
+
+def _queries(impl: str) -> int:
+    total = 0.0
+    for metric in m.BACKEND_QUERIES.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and sample.labels.get("implementation") == impl:
+                total += sample.value
+    return int(total)
+
+
+async def _closed_loop(op: Callable[[], Awaitable[Any]], concurrency: int,
+                       seconds: float) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        record = latencies.append
+        clock = time.perf_counter
+        while True:
+            start = clock()
+            if start >= deadline:
+                return
+            await op()
+            record(clock() - start)
+
+    began = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    return latencies, time.perf_counter() - began
+
+
+async def run_one(url: str, *, mode: str, implementation: str, batching: bool,
+                  concurrency: int, seconds: float) -> Result:
+    oracle = await open_oracle(url, timeline=TIMELINE, implementation=implementation,
+                               batching=batching, fencing="Always")
+    try:
+        groups = 0
+
+        def count_group(_n: int) -> None:
+            nonlocal groups
+            groups += 1
+
+        async def append(_ts: int, _payloads: list[None]) -> None:
+            await asyncio.sleep(APPEND_SECONDS)
+
+        committer = GroupCommitter(oracle, append, on_group=count_group)
+        flip = [False]
+
+        async def mixed() -> None:
+            flip[0] = not flip[0]
+            if flip[0]:
+                await oracle.read_ts()
+            else:
+                await committer.commit(None)
+
+        op: Callable[[], Awaitable[Any]] = {
+            "read": oracle.read_ts,
+            "write": lambda: committer.commit(None),
+            "mixed": mixed,
+        }[mode]
+        await _closed_loop(op, min(concurrency, 8), 0.2)  # warm the pool and prepared plans
+        groups = 0
+        q0 = _queries(implementation)
+        latencies, elapsed = await _closed_loop(op, concurrency, seconds)
+        queries = _queries(implementation) - q0
+    finally:
+        await oracle.close()
+    latencies.sort()
+    n = len(latencies)
+    read_queries = queries if mode == "read" else 0
+    return Result(
+        mode=mode, implementation=implementation, batching=batching, concurrency=concurrency,
+        ops=n, seconds=elapsed, ops_per_s=n / elapsed,
+        p50_ms=_pct(latencies, 0.50), p95_ms=_pct(latencies, 0.95),
+        p99_ms=_pct(latencies, 0.99), max_ms=(latencies[-1] * 1000 if n else 0.0),
+        queries=queries, queries_per_s=queries / elapsed,
+        queries_per_op=queries / n if n else 0.0,
+        mean_batch=(n / read_queries) if read_queries else 0.0,
+        groups=groups, queries_per_commit=(queries / groups) if groups else 0.0,
+    )
+
+
+async def probe_bare_select(url: str, seconds: float = 1.0) -> dict[str, float]:
+    """Latency of one prepared single-row SELECT on one dedicated connection."""
+    parsed = parse_url(url)
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    if parsed.is_sqlite:
+        import sqlite3
+
+        conn = sqlite3.connect(parsed.dsn)
+        query = (f'SELECT read_ts FROM "{parsed.schema}_timestamps" WHERE timeline = ?'
+                 " AND implementation = 'distributed'")
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            conn.execute(query, (TIMELINE,)).fetchone()
+            latencies.append(time.perf_counter() - start)
+        conn.close()
+    else:
+        import psycopg
+        from psycopg import sql
+
+        query = sql.SQL("SELECT read_ts FROM {} WHERE timeline = %s"
+                        " AND implementation = 'distributed'").format(
+            sql.Identifier(parsed.schema, "timestamps"))
+        async with await psycopg.AsyncConnection.connect(
+                parsed.dsn, autocommit=True, prepare_threshold=0) as conn:
+            while time.perf_counter() < deadline:
+                start = time.perf_counter()
+                cur = await conn.execute(query, (TIMELINE,))
+                await cur.fetchone()
+                latencies.append(time.perf_counter() - start)
+    latencies.sort()
+    return {"p50_ms": _pct(latencies, 0.5), "p99_ms": _pct(latencies, 0.99),
+            "ops_per_s": len(latencies) / seconds}
+
+
+async def probe_asyncio_ceiling(concurrency: int, seconds: float = 1.0) -> float:
+    """Ops/s when N waiters are completed a batch at a time with no I/O at all."""
+    loop = asyncio.get_running_loop()
+    waiting: list[asyncio.Future[int]] = []
+    wake = asyncio.Event()
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def resolver() -> None:
+        while time.perf_counter() < deadline or waiting:
+            await wake.wait()
+            wake.clear()
+            batch, waiting[:] = list(waiting), []
+            for fut in batch:
+                fut.set_result(0)
+            await asyncio.sleep(0)
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            fut = loop.create_future()
+            waiting.append(fut)
+            wake.set()
+            await fut
+            done += 1
+
+    began = time.perf_counter()
+    task = asyncio.create_task(resolver())
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    elapsed = time.perf_counter() - began
+    wake.set()
+    await task
+    return done / elapsed
+
+
+async def run_bench(url: str, *, modes: list[str], implementations: list[str],
+                    concurrencies: list[int], seconds: float, batching: list[bool],
+                    on_result: Callable[[Result], None] | None = None) -> dict[str, Any]:
+    url = bench_url(url)
+    await init(url, timelines=[TIMELINE])
+    results = []
+    for mode in modes:
+        for impl in implementations:
+            for c in concurrencies:
+                for b in batching:
+                    r = await run_one(url, mode=mode, implementation=impl, batching=b,
+                                      concurrency=c, seconds=seconds)
+                    if mode == "read":
+                        r.extra["asyncio_ceiling_ops_per_s"] = await probe_asyncio_ceiling(
+                            c, min(seconds, 1.0))
+                    results.append(r)
+                    if on_result is not None:
+                        on_result(r)
+    bare = await probe_bare_select(url, min(seconds, 2.0))
+    return {"bare_select": bare, "results": [asdict(r) for r in results],
+            "summary": summarize(results, bare)}
+
+
+def summarize(results: list[Result], bare: dict[str, float]) -> dict[str, Any]:
+    """The ratios the performance goals are stated in, all from this one run."""
+    out: dict[str, Any] = {}
+    by_key = {(r.mode, r.implementation, r.batching, r.concurrency): r for r in results}
+    for (mode, impl, batching, c), r in by_key.items():
+        if mode != "read" or not batching:
+            continue
+        key = f"read/{impl}/c{c}"
+        entry: dict[str, float] = {"queries_per_op": r.queries_per_op}
+        raw = by_key.get((mode, impl, False, c))
+        if raw is not None and raw.ops_per_s:
+            entry["batched_over_raw"] = r.ops_per_s / raw.ops_per_s
+        ceiling = r.extra.get("asyncio_ceiling_ops_per_s")
+        if ceiling:
+            entry["share_of_asyncio_ceiling"] = r.ops_per_s / ceiling
+        if c == 1 and bare.get("p50_ms"):
+            entry["p50_over_bare_select"] = r.p50_ms / bare["p50_ms"]
+        out[key] = entry
+    return out
+
+
+def format_result(r: Result) -> str:
+    extra = ""
+    if r.mode != "read":
+        extra = f"  groups={r.groups} q/commit={r.queries_per_commit:.2f}"
+    elif r.extra.get("asyncio_ceiling_ops_per_s"):
+        extra = f"  ceiling={r.extra['asyncio_ceiling_ops_per_s']:.0f}/s"
+    return (
+        f"{r.mode:<5} {r.implementation:<11} {'batched' if r.batching else 'raw':<7} "
+        f"c={r.concurrency:<4} {r.ops_per_s:>10.0f} ops/s  p50={r.p50_ms:.3f} "
+        f"p95={r.p95_ms:.3f} p99={r.p99_ms:.3f} max={r.max_ms:.1f} ms  "
+        f"q/s={r.queries_per_s:.0f} q/op={r.queries_per_op:.4f} batch={r.mean_batch:.1f}{extra}"
+    )

@@ -72,9 +72,9 @@ async def test_concurrent_confirms_share_one_backend_query(url):
     async with tsoracle.connect(url, timeline=COUNTER, implementation="legacy") as o:
         counted = o._queries
         await o.read_ts()
-        before = counted["confirm_leadership"]._value.get()
+        before = counted["confirm_leadership"].value
         await asyncio.gather(*[o.read_ts() for _ in range(200)])
-        used = counted["confirm_leadership"]._value.get() - before
+        used = counted["confirm_leadership"].value - before
         assert 1 <= used <= 10
 
 

@@ -76,7 +76,7 @@ async def test_killed_backend_connections_are_retried(own_pg, impl):
     assert rec.errors == 0 and rec.fenced == 0
     assert len(rec.ops) > before + 100  # it kept going after the kills
     assert check(rec.ops) == []
-    retried = tsoracle.oracle.metrics.RETRIES.labels("connection", impl)._value.get()
+    retried = tsoracle.oracle.metrics.RETRIES.total(reason="connection", implementation=impl)
     assert retried > 0
 
 

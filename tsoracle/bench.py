@@ -58,12 +58,7 @@ def _pct(sorted_values: list[float], q: float) -> float:
 
 
 def _queries(impl: str) -> int:
-    total = 0.0
-    for metric in m.BACKEND_QUERIES.collect():
-        for sample in metric.samples:
-            if sample.name.endswith("_total") and sample.labels.get("implementation") == impl:
-                total += sample.value
-    return int(total)
+    return int(m.BACKEND_QUERIES.total(implementation=impl))
 
 
 async def _closed_loop(op: Callable[[], Awaitable[Any]], concurrency: int,

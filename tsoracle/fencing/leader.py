@@ -58,6 +58,7 @@ class Leadership:
         self._confirm_sql = _CONFIRM.replace("GUARD_EXPR", guard)
         self._on_query = on_query or (lambda _name: None)
         self._confirms = Coalescer(self._confirm_once, on_batch)
+        self._confirm_conn = backend.pinned()  # confirmations run one at a time
         self.fenced: Fenced | None = None
 
     def _params(self, **extra: object) -> dict[str, object]:
@@ -96,11 +97,14 @@ class Leadership:
     async def _confirm_once(self) -> None:
         self.check()
         self._on_query("confirm_leadership")
-        rows = await self.backend.fetch(self._confirm_sql, self._params())
+        rows = await self._confirm_conn.fetch(self._confirm_sql, self._params())
         if not rows:
             raise UnknownTimeline(self.timeline)
         if not rows[0][0]:
             raise await self._explain()
+
+    async def close(self) -> None:
+        await self._confirm_conn.close()
 
     def check(self) -> None:
         if self.fenced is not None:

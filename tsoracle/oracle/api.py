@@ -64,9 +64,12 @@ class TimestampOracle(ABC):
         self._ok = {op: metrics.SUCCEEDED.labels(op, impl) for op in metrics.OPERATIONS}
         self._latency = {op: metrics.LATENCY.labels(op, impl) for op in metrics.OPERATIONS}
         self._confirm_latency = metrics.CONFIRM_LATENCY.labels(impl)
-        self._queries: dict[str, metrics.Counter] = {}
-        self._lag = metrics.READ_LAG.labels(timeline.name) if timeline.wall_clock else None
-        metrics.EPOCH.labels(timeline.name).set(deployment.epoch)
+        self._read_started = self._started["read_ts"]
+        self._read_ok = self._ok["read_ts"]
+        self._read_latency = self._latency["read_ts"]
+        self._queries: dict[str, metrics.CounterChild] = {}
+        self._lag_key = (timeline.name,) if timeline.wall_clock else None
+        metrics.EPOCH.set((timeline.name,), deployment.epoch)
 
     @property
     def epoch(self) -> int:
@@ -94,9 +97,18 @@ class TimestampOracle(ABC):
 
     async def read_ts(self) -> int:
         """A timestamp that covers every completed apply_write and no pending write."""
-        ts = await self._observe("read_ts", self._read_ts)
-        if self._lag is not None:
-            self._lag.set(self.now() - ts)
+        # The hottest call of all: instrumented inline rather than through _observe.
+        self._read_started.inc()
+        start = time.perf_counter()
+        try:
+            ts = await self._read_ts()
+        except OracleError as exc:
+            self._failed("read_ts", exc)
+            raise
+        self._read_latency.observe(time.perf_counter() - start)
+        self._read_ok.inc()
+        if self._lag_key is not None:
+            metrics.READ_LAG.set(self._lag_key, self.now() - ts)
         return ts
 
     async def apply_write(self, ts: int) -> None:
@@ -134,13 +146,16 @@ class TimestampOracle(ABC):
         try:
             result = await fn()
         except OracleError as exc:
-            metrics.FAILED.labels(op, self.implementation, type(exc).__name__).inc()
-            if isinstance(exc, Fenced):
-                metrics.FENCED.labels(self.implementation).inc()
+            self._failed(op, exc)
             raise
         self._latency[op].observe(time.perf_counter() - start)
         self._ok[op].inc()
         return result
+
+    def _failed(self, op: str, exc: OracleError) -> None:
+        metrics.FAILED.inc(op, self.implementation, type(exc).__name__)
+        if isinstance(exc, Fenced):
+            metrics.FENCED.inc(self.implementation)
 
     @abstractmethod
     async def _write_ts(self) -> WriteTimestamp: ...

@@ -32,7 +32,7 @@ DEFAULT_MAX_CLOCK_SKEW_MS = 60_000
 async def _open_backend(url: str, implementation: str = "admin", **kwargs: Any) -> Backend:
     retries = metrics.RETRIES
     backend = open_backend(
-        parse_url(url), on_retry=lambda reason: retries.labels(reason, implementation).inc(),
+        parse_url(url), on_retry=lambda reason: retries.inc(reason, implementation),
         **kwargs,
     )
     await backend.open()
@@ -97,7 +97,7 @@ async def open_oracle(
         if chosen == "legacy":
             legacy = LegacyOracle(backend, tl, dep, window=window, **common)
             await legacy.start()
-            metrics.LEADER_EPOCH.labels(tl.name).set(legacy.leadership.leader_epoch)
+            metrics.LEADER_EPOCH.set((tl.name,), legacy.leadership.leader_epoch)
             return legacy
         return DistributedOracle(backend, tl, dep, batching=batching, **common)
     except BaseException:

@@ -41,6 +41,8 @@ class DistributedOracle(TimestampOracle):
                                ("apply", _APPLY), ("confirm", _CONFIRM))
         }
         self._base = {"timeline": self.timeline.name, "epoch": self.deployment.epoch}
+        # Batched reads and confirmations run one statement at a time: each keeps a connection.
+        self._pinned = {"read": self.backend.pinned(), "confirm": self.backend.pinned()}
         self._reads = Coalescer(self._query_read, self.batch_observer("read_ts")) if batching \
             else None
         self._confirms = Coalescer(self._query_confirm, self.batch_observer("confirm_leadership"))
@@ -48,6 +50,15 @@ class DistributedOracle(TimestampOracle):
     async def _fetch(self, name: str, **params: Any) -> list[tuple[Any, ...]]:
         self.count_query(name)
         return await self.backend.fetch(self._sql[name], {**self._base, **params})
+
+    async def _fetch_pinned(self, name: str) -> list[tuple[Any, ...]]:
+        self.count_query(name)
+        return await self._pinned[name].fetch(self._sql[name], self._base)
+
+    async def close(self) -> None:
+        for pinned in self._pinned.values():
+            await pinned.close()
+        await super().close()
 
     async def _write_ts(self) -> WriteTimestamp:
         now = self.now() if self.timeline.wall_clock else 0
@@ -62,7 +73,13 @@ class DistributedOracle(TimestampOracle):
         return WriteTimestamp(ts, ts + 1)
 
     async def _peek_write_ts(self) -> int:
-        return await self._select("peek")
+        rows = await self._fetch("peek")
+        if not rows:
+            raise UnknownTimeline(self.timeline.name)
+        value, ok = rows[0]
+        if not ok:
+            raise await self._why_refused()
+        return self.backend.dec(value)
 
     async def _read_ts(self) -> int:
         if self._reads is None:
@@ -70,7 +87,13 @@ class DistributedOracle(TimestampOracle):
         return await self._reads.call()
 
     async def _query_read(self) -> int:
-        return await self._select("read")
+        rows = await self._fetch_pinned("read")
+        if not rows:
+            raise UnknownTimeline(self.timeline.name)
+        value, ok = rows[0]
+        if not ok:
+            raise await self._why_refused()
+        return self.backend.dec(value)
 
     async def _apply_write(self, ts: int) -> None:
         rows = await self._fetch("apply", ts=self.backend.enc(ts))
@@ -81,20 +104,11 @@ class DistributedOracle(TimestampOracle):
         await self._confirms.call()
 
     async def _query_confirm(self) -> None:
-        rows = await self._fetch("confirm")
+        rows = await self._fetch_pinned("confirm")
         if not rows:
             raise UnknownTimeline(self.timeline.name)
         if not rows[0][0]:
             raise await self._why_refused()
-
-    async def _select(self, name: str) -> int:
-        rows = await self._fetch(name)
-        if not rows:
-            raise UnknownTimeline(self.timeline.name)
-        value, ok = rows[0]
-        if not ok:
-            raise await self._why_refused()
-        return self.backend.dec(value)
 
     async def _why_refused(self) -> Exception:
         rows = await self._fetch("confirm")

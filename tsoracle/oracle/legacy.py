@@ -120,4 +120,5 @@ class LegacyOracle(TimestampOracle):
     async def close(self) -> None:
         if self._prefetch is not None and not self._prefetch.done():
             self._prefetch.cancel()
+        await self.leadership.close()
         await super().close()

@@ -21,6 +21,22 @@ class Tx(ABC):
     async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows: ...
 
 
+class Pinned(ABC):
+    @abstractmethod
+    async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows: ...
+
+    async def close(self) -> None:
+        return None
+
+
+class _Unpinned(Pinned):
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
+        return await self.backend.fetch(template, params)
+
+
 class Backend(ABC):
     """A pool of connections to one database; all errors leave as tsoracle errors."""
 
@@ -52,6 +68,11 @@ class Backend(ABC):
     @abstractmethod
     async def transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
         """Run `body` in one transaction; the whole body is retried on transient failures."""
+
+    def pinned(self) -> Pinned:
+        """A fetcher that keeps one connection for itself, for callers that run one statement
+        at a time (batched reads, shared confirmations): no pool round trip per statement."""
+        return _Unpinned(self)
 
     @abstractmethod
     async def execute_ddl(self, statement: Any) -> None:

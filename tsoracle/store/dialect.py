@@ -85,7 +85,7 @@ class PostgresDialect(Dialect):
         self.cockroach = cockroach
         self._idents = {t: sql.Identifier(schema, t) for t in TABLES}
 
-    def render(self, template: str) -> sql.Composed:
+    def render(self, template: str) -> str:
         return _pg_render(template, self.schema)
 
     def decode_ts(self, value: Any) -> int:
@@ -97,7 +97,8 @@ class PostgresDialect(Dialect):
             "read_ts TSTYPE", "read_ts " + ts_type.replace("VALUE_COL", "read_ts")
         ).replace("write_ts TSTYPE", "write_ts " + ts_type.replace("VALUE_COL", "write_ts"))
         return [
-            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)),
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
+            .as_string(None),
             self.render(_TABLE_DDL),
             self.render(state),
         ]
@@ -109,8 +110,11 @@ class PostgresDialect(Dialect):
 
 
 @lru_cache(maxsize=512)
-def _pg_render(template: str, schema: str) -> sql.Composed:
-    return sql.SQL(template).format(**{t: sql.Identifier(schema, t) for t in TABLES})
+def _pg_render(template: str, schema: str) -> str:
+    # Identifiers are quoted by psycopg.sql; the result is kept as text because psycopg caches
+    # the parsing of text queries but re-composes a Composed object on every execute.
+    composed = sql.SQL(template).format(**{t: sql.Identifier(schema, t) for t in TABLES})  # type: ignore[arg-type]
+    return composed.as_string(None)
 
 
 _PARAM_RE = re.compile(r"%\((\w+)\)s")

@@ -11,7 +11,7 @@ import psycopg_pool
 from psycopg import errors as pgerr
 
 from tsoracle.errors import NotInitialized, OracleError, OracleUnavailable
-from tsoracle.store.backend import Backend, Rows, Tx
+from tsoracle.store.backend import Backend, Pinned, Rows, Tx
 from tsoracle.store.dialect import PostgresDialect
 from tsoracle.store.retry import GaveUp, retrying
 
@@ -26,6 +26,35 @@ class _PgTx(Tx):
     async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
         cur = await self.conn.execute(self.dialect.render(template), params)
         return await cur.fetchall() if cur.description else []
+
+
+class _PgPinned(Pinned):
+    def __init__(self, backend: PostgresBackend) -> None:
+        self.backend = backend
+        self.conn: psycopg.AsyncConnection | None = None
+        self.cur: psycopg.AsyncCursor[Any] | None = None
+
+    async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
+        query = self.backend.dialect.render(template)
+
+        async def once() -> Rows:
+            if self.conn is None or self.cur is None:
+                self.conn = await self.backend._pool().getconn()
+                self.cur = self.conn.cursor()
+            try:
+                await self.cur.execute(query, params, prepare=True)
+                return await self.cur.fetchall() if self.cur.description else []
+            except BaseException:
+                await self.close()  # the pool throws a broken connection away
+                raise
+
+        return await self.backend._run(once)
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            conn, self.conn, self.cur = self.conn, None, None
+            if self.backend.pool is not None:
+                await self.backend.pool.putconn(conn)
 
 
 class PostgresBackend(Backend):
@@ -69,6 +98,9 @@ class PostgresBackend(Backend):
             raise OracleUnavailable(
                 f"cannot open a connection pool to {self.url.safe}: {self._why(exc)}"
             ) from None
+
+    def pinned(self) -> Pinned:
+        return _PgPinned(self)
 
     async def close(self) -> None:
         if self.pool is not None:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tsoracle.oracle import GroupCommitter, init, open_oracle
+from tsoracle.oracle import GroupCommitter, flip, init, open_oracle
 from tsoracle.oracle import metrics as m
 from tsoracle.store import parse_url
 
@@ -57,8 +57,15 @@ def _pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] * 1000
 
 
-def _queries(impl: str) -> int:
-    return int(m.BACKEND_QUERIES.total(implementation=impl))
+def _queries(impl: str, statements: tuple[str, ...] = ()) -> int:
+    if not statements:
+        return int(m.BACKEND_QUERIES.total(implementation=impl))
+    return int(sum(m.BACKEND_QUERIES.total(statement=s, implementation=impl)
+                   for s in statements))
+
+
+READ_STATEMENTS = ("read", "confirm_leadership")  # what answers a batch of read_ts callers
+COMMIT_STATEMENTS = ("write", "apply", "reserve_window")
 
 
 async def _closed_loop(op: Callable[[], Awaitable[Any]], concurrency: int,
@@ -83,6 +90,7 @@ async def _closed_loop(op: Callable[[], Awaitable[Any]], concurrency: int,
 
 async def run_one(url: str, *, mode: str, implementation: str, batching: bool,
                   concurrency: int, seconds: float) -> Result:
+    await flip(url, to=implementation)  # the bench schema is ours to flip
     oracle = await open_oracle(url, timeline=TIMELINE, implementation=implementation,
                                batching=batching, fencing="Always")
     try:
@@ -96,11 +104,11 @@ async def run_one(url: str, *, mode: str, implementation: str, batching: bool,
             await asyncio.sleep(APPEND_SECONDS)
 
         committer = GroupCommitter(oracle, append, on_group=count_group)
-        flip = [False]
+        turn = [False]
 
         async def mixed() -> None:
-            flip[0] = not flip[0]
-            if flip[0]:
+            turn[0] = not turn[0]
+            if turn[0]:
                 await oracle.read_ts()
             else:
                 await committer.commit(None)
@@ -113,13 +121,17 @@ async def run_one(url: str, *, mode: str, implementation: str, batching: bool,
         await _closed_loop(op, min(concurrency, 8), 0.2)  # warm the pool and prepared plans
         groups = 0
         q0 = _queries(implementation)
+        r0 = _queries(implementation, READ_STATEMENTS)
+        c0 = _queries(implementation, COMMIT_STATEMENTS)
         latencies, elapsed = await _closed_loop(op, concurrency, seconds)
         queries = _queries(implementation) - q0
+        read_queries = _queries(implementation, READ_STATEMENTS) - r0
+        commit_queries = _queries(implementation, COMMIT_STATEMENTS) - c0
     finally:
         await oracle.close()
     latencies.sort()
     n = len(latencies)
-    read_queries = queries if mode == "read" else 0
+    reads = n if mode == "read" else n // 2 if mode == "mixed" else 0
     return Result(
         mode=mode, implementation=implementation, batching=batching, concurrency=concurrency,
         ops=n, seconds=elapsed, ops_per_s=n / elapsed,
@@ -127,8 +139,10 @@ async def run_one(url: str, *, mode: str, implementation: str, batching: bool,
         p99_ms=_pct(latencies, 0.99), max_ms=(latencies[-1] * 1000 if n else 0.0),
         queries=queries, queries_per_s=queries / elapsed,
         queries_per_op=queries / n if n else 0.0,
-        mean_batch=(n / read_queries) if read_queries else 0.0,
-        groups=groups, queries_per_commit=(queries / groups) if groups else 0.0,
+        mean_batch=(reads / read_queries) if read_queries and reads else 0.0,
+        groups=groups,
+        queries_per_commit=((queries if mode == "write" else commit_queries) / groups
+                            if groups else 0.0),
     )
 
 
@@ -157,9 +171,10 @@ async def probe_bare_select(url: str, seconds: float = 1.0) -> dict[str, float]:
             sql.Identifier(parsed.schema, "timestamps"))
         async with await psycopg.AsyncConnection.connect(
                 parsed.dsn, autocommit=True, prepare_threshold=0) as conn:
+            cur = conn.cursor()  # the fastest psycopg path: one cursor, prepared statement
             while time.perf_counter() < deadline:
                 start = time.perf_counter()
-                cur = await conn.execute(query, (TIMELINE,))
+                await cur.execute(query, (TIMELINE,))
                 await cur.fetchone()
                 latencies.append(time.perf_counter() - start)
     latencies.sort()

@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd("finish-rollout", "end the rollout window (Rollout fencing mode)")
 
+    c = sub.add_parser("operator", help="run the Kubernetes operator",
+                       description="run the kopf operator for TimestampOracle resources")
+    c.add_argument("--namespace", action="append", dest="namespaces", default=[],
+                   help="watch only this namespace (repeatable; default: all namespaces)")
+    c.add_argument("--liveness-port", type=int, default=8080)
+    c.add_argument("--metrics-port", type=int, default=8081)
+    c.add_argument("--bind", default="0.0.0.0", help="address of the liveness/metrics servers")
+
     c = cmd("bench", "closed-loop benchmark with physical-limit probes")
     c.add_argument("--mode", type=_csv(str), default=["read"],
                    help="read, write, mixed (comma-separated)")
@@ -201,6 +209,12 @@ def run(coro: Coroutine[Any, Any, int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "operator":
+        from tsoracle.operator.main import run_operator
+
+        run_operator(namespaces=args.namespaces, liveness_port=args.liveness_port,
+                     metrics_port=args.metrics_port, bind=args.bind)
+        return 0
     return run(_run(args))
 
 

@@ -116,7 +116,8 @@ async def connect(url: str, **kwargs: Any) -> AsyncIterator[TimestampOracle]:
 
 
 @asynccontextmanager
-async def _admin(url: str) -> AsyncIterator[Backend]:
+async def admin_backend(url: str) -> AsyncIterator[Backend]:
+    """A backend for deployment-wide calls (provision, flip, status) on the lower layers."""
     backend = await _open_backend(url)
     try:
         yield backend
@@ -133,7 +134,7 @@ async def init(
     fencing: str | None = None,
 ) -> Provisioned:
     """Create the schema, tables and timelines that are missing (idempotent)."""
-    async with _admin(url) as backend:
+    async with admin_backend(url) as backend:
         return await provision(backend, timelines, initial_ts=initial_ts,
                                implementation=implementation, fencing=fencing)
 
@@ -141,25 +142,25 @@ async def init(
 async def flip(url: str, *, to: str) -> FlipResult:
     """Make `to` the active implementation: new epoch, target bootstrapped above all others."""
     check_implementation(to)
-    async with _admin(url) as backend:
+    async with admin_backend(url) as backend:
         await _require_schema(backend)
         return await flip_backend(backend, to)
 
 
 async def set_fencing(url: str, mode: str) -> Deployment:
     check_mode(mode)
-    async with _admin(url) as backend:
+    async with admin_backend(url) as backend:
         await _require_schema(backend)
         return await _set_fencing(backend, mode)
 
 
 async def finish_rollout(url: str) -> Deployment:
-    async with _admin(url) as backend:
+    async with admin_backend(url) as backend:
         await _require_schema(backend)
         return await _finish_rollout(backend)
 
 
 async def status(url: str, *, now: Callable[[], int] | None = None) -> Status:
-    async with _admin(url) as backend:
+    async with admin_backend(url) as backend:
         await _require_schema(backend)
         return await read_status(backend, now or wall_clock_ms)

@@ -41,6 +41,10 @@ class Dialect:
     def ddl(self) -> list[Any]:
         raise NotImplementedError
 
+    def drop_ddl(self) -> list[Any]:
+        """Statements that remove everything tsoracle created."""
+        return [self.render("DROP TABLE IF EXISTS {" + t + "}") for t in TABLES]
+
     def optional_ddl(self) -> list[Any]:
         """Statements worth trying that some servers reject (CockroachDB-only options)."""
         return []
@@ -102,6 +106,10 @@ class PostgresDialect(Dialect):
             self.render(_TABLE_DDL),
             self.render(state),
         ]
+
+    def drop_ddl(self) -> list[Any]:
+        schema = sql.Identifier(self.schema)
+        return [sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(schema).as_string(None)]
 
     def optional_ddl(self) -> list[Any]:
         # Hot single rows leave many MVCC versions behind on CockroachDB; a short GC TTL keeps

@@ -39,3 +39,9 @@ async def schema_exists(backend: Backend) -> bool:
         if not await backend.table_exists(table):
             return False
     return True
+
+
+async def drop_schema(backend: Backend) -> None:
+    """Remove the schema and its tables (deletionPolicy: Delete)."""
+    for statement in backend.dialect.drop_ddl():
+        await backend.execute_ddl(statement)

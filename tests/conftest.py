@@ -51,3 +51,73 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture(params=IMPLEMENTATIONS)
 def impl(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+# --- Kubernetes: a real API server (built from Go modules) and the chart's RBAC -------------
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
+
+from cluster import ControlPlane  # noqa: E402
+from kubetools import tools_dir  # noqa: E402
+from support.kube import Kube, Operator  # noqa: E402
+
+
+def _reachable(kubeconfig: str, tools: Path) -> bool:
+    try:
+        proc = subprocess.run([str(tools / "kubectl"), "version", "--request-timeout=5s"],
+                              capture_output=True, env={**os.environ, "KUBECONFIG": kubeconfig},
+                              timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory):
+    """An existing cluster when $KUBECONFIG reaches one, else a local control plane."""
+    tools = tools_dir()
+    existing = os.environ.get("KUBECONFIG")
+    if existing and _reachable(existing, tools):
+        yield Kube(Path(existing), tools)
+        return
+    plane = ControlPlane(tmp_path_factory.mktemp("controlplane") / "state", postgres=False)
+    kubeconfig = plane.up()
+    try:
+        yield Kube(kubeconfig, tools)
+    finally:
+        plane.down()
+
+
+@pytest.fixture(scope="session")
+def chart(kube: Kube, tmp_path_factory: pytest.TempPathFactory):
+    """`helm install` the chart; its ServiceAccount's token runs every operator in the tests."""
+    ns = kube.new_namespace("tsoracle-system")
+    kube.helm("install", "tsoracle", str(ROOT / "charts" / "tsoracle"), "-n", ns)
+    kube.kubectl("wait", "--for=condition=established", "--timeout=60s",
+                 "crd/timestamporacles.tsoracle.io")
+    kubeconfig = kube.token_kubeconfig(ns, "tsoracle",
+                                       tmp_path_factory.mktemp("sa") / "kubeconfig")
+    return SimpleNamespace(namespace=ns, sa="tsoracle", kubeconfig=kubeconfig)
+
+
+@pytest.fixture
+def database(pg: LocalPostgres) -> str:
+    """A PostgreSQL database of the test's own; returns the URL a Secret would hold."""
+    name = "db_" + uuid.uuid4().hex[:10]
+    pg.sql(f"CREATE DATABASE {name} OWNER tsoracle", "postgres")
+    return pg.url(database=name)
+
+
+@pytest.fixture
+def oracle_ns(kube: Kube, chart, database: str, tmp_path: Path):
+    """A namespace with the backend Secret and an operator (under the chart's RBAC) watching it."""
+    ns = kube.new_namespace("tso")
+    kube.kubectl("-n", ns, "create", "secret", "generic", "oracle-db",
+                 f"--from-literal=url={database}")
+    op = Operator(chart.kubeconfig, ns, tmp_path / "operator.log").start()
+    yield SimpleNamespace(name=ns, url=database, operator=op, log=tmp_path / "operator.log")
+    op.stop()

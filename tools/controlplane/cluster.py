@@ -57,7 +57,9 @@ def _alive(pid: int) -> bool:
 
 
 class ControlPlane:
-    def __init__(self, state: str | os.PathLike[str] = DEFAULT_STATE) -> None:
+    def __init__(self, state: str | os.PathLike[str] = DEFAULT_STATE, *,
+                 postgres: bool = True) -> None:
+        self.with_postgres = postgres
         self.state = Path(state).resolve()
         self.info_file = self.state / "cluster.json"
         self.kubeconfig = self.state / "kubeconfig"
@@ -74,13 +76,14 @@ class ControlPlane:
 
     def up(self) -> Path:
         if self.healthy() and self.kubeconfig.exists():
-            self.pg.start()
+            if self.with_postgres:
+                self.pg.start()
             return self.kubeconfig
         self.down()
         etcd_bin = build("etcd", ETCD_VERSION)
         apiserver_bin = build("kube-apiserver", K8S_VERSION)
         self.state.mkdir(parents=True, exist_ok=True)
-        pg_url = self.pg.start()
+        pg_url = self.pg.start() if self.with_postgres else None
         pki = self.state / "pki"
         pki.mkdir(exist_ok=True)
         if not (pki / "sa.key").exists():
@@ -171,7 +174,8 @@ class ControlPlane:
                 os.kill(int(pid), signal.SIGKILL)
         if self.info_file.exists():
             self.info_file.unlink()
-        self.pg.stop()
+        if self.with_postgres:
+            self.pg.stop()
 
 
 def main(argv: list[str]) -> int:

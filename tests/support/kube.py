@@ -1,0 +1,132 @@
+"""Helpers for tests against the real API server: kubectl, helm, waiting, the operator."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Kube:
+    def __init__(self, kubeconfig: Path, tools: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.tools = tools
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None,
+                kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+        env = self.env()
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
+        proc = subprocess.run([str(self.tools / "kubectl"), *args], capture_output=True,
+                              text=True, env=env, input=stdin, timeout=120)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}")
+        return proc
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(self.tools / "helm"), *args], capture_output=True, text=True,
+                              env=self.env(), timeout=300)
+        if proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed: {proc.stderr}")
+        return proc
+
+    def new_namespace(self, prefix: str = "t") -> str:
+        # Without kube-controller-manager namespaces never finish deleting: use fresh ones.
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.kubectl("create", "namespace", name)
+        return name
+
+    def get(self, namespace: str, kind: str, name: str) -> dict[str, Any]:
+        return json.loads(self.kubectl("-n", namespace, "get", kind, name, "-o", "json").stdout)
+
+    def tso(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.get(namespace, "timestamporacle", name)
+
+    def wait_tso(self, namespace: str, name: str, predicate: Any, timeout: float = 60,
+                 what: str = "condition") -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        obj: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            obj = self.tso(namespace, name)
+            if predicate(obj):
+                return obj
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}: {json.dumps(obj.get('status'))}")
+
+    def events(self, namespace: str, reason: str | None = None) -> list[dict[str, Any]]:
+        items = json.loads(self.kubectl("-n", namespace, "get", "events", "-o",
+                                        "json").stdout)["items"]
+        return [e for e in items if reason is None or e.get("reason") == reason]
+
+    def token_kubeconfig(self, namespace: str, sa: str, out: Path) -> Path:
+        """A kubeconfig for a ServiceAccount, its token minted with the TokenRequest API."""
+        token = self.kubectl("-n", namespace, "create", "token", sa, "--duration",
+                             "2h").stdout.strip()
+        cfg = json.loads(self.kubectl("config", "view", "--raw", "-o", "json").stdout)
+        cfg["users"] = [{"name": sa, "user": {"token": token}}]
+        for ctx in cfg["contexts"]:
+            ctx["context"]["user"] = sa
+        out.write_text(json.dumps(cfg))
+        return out
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return c
+    return {}
+
+
+def is_ready(obj: dict[str, Any]) -> bool:
+    return condition(obj, "Ready").get("status") == "True"
+
+
+class Operator:
+    """`tsoracle operator` as a real process, watching one namespace."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = free_port()
+
+    def start(self) -> Operator:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tsoracle.cli", "operator", "--namespace",
+                 self.namespace, "--liveness-port", str(free_port()), "--metrics-port",
+                 str(self.metrics_port), "--bind", "127.0.0.1"],
+                stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

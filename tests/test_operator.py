@@ -1,0 +1,216 @@
+"""The operator on a real API server, under the chart's RBAC, against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from support.history import check, load
+from support.kube import Operator, condition, is_ready
+
+import tsoracle
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"
+WORKLOAD = ROOT / "tests" / "support" / "workload.py"
+
+
+def test_chart_rbac_is_sufficient_and_no_wider(kube, chart, oracle_ns):
+    ns = oracle_ns.name
+    can = {}
+    for verb, resource in [("patch", "timestamporacles/status"), ("get", "secrets"),
+                           ("watch", "timestamporacles"), ("create", "events"),
+                           ("list", "secrets"), ("delete", "timestamporacles"),
+                           ("create", "pods"), ("update", "secrets")]:
+        r = kube.kubectl("auth", "can-i", verb, resource, "-n", ns, check=False,
+                         kubeconfig=chart.kubeconfig)
+        can[(verb, resource)] = r.stdout.strip()
+    assert can[("patch", "timestamporacles/status")] == "yes"
+    assert can[("get", "secrets")] == "yes"
+    assert can[("watch", "timestamporacles")] == "yes"
+    assert can[("create", "events")] == "yes"
+    for denied in [("list", "secrets"), ("delete", "timestamporacles"), ("create", "pods"),
+                   ("update", "secrets")]:
+        assert can[denied] == "no", denied
+    # A real call, not only a review: listing Secrets is refused.
+    r = kube.kubectl("-n", ns, "get", "secrets", check=False, kubeconfig=chart.kubeconfig)
+    assert r.returncode != 0 and "forbidden" in r.stderr.lower()
+    # And the operator, running with exactly this token, reconciles (sufficient).
+    kube.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
+    kube.wait_tso(ns, "orders", is_ready, what="Ready under the chart's RBAC")
+
+
+def test_example_cr_becomes_ready_with_tables(kube, oracle_ns, pg):
+    ns = oracle_ns.name
+    kube.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
+    obj = kube.wait_tso(ns, "orders", is_ready, what="Ready")
+    status = obj["status"]
+    assert condition(obj, "Provisioned")["status"] == "True"
+    assert condition(obj, "Degraded")["status"] == "False"
+    assert status["activeImplementation"] == "distributed" and status["epoch"] == 1
+    assert [t["name"] for t in status["timelines"]] == ["EpochMilliseconds", "counter:orders"]
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    dbname = oracle_ns.url.rsplit("/", 1)[1]
+    tables = pg.sql("SELECT table_name FROM information_schema.tables"
+                    " WHERE table_schema = 'tsoracle_orders' ORDER BY 1", dbname)
+    assert [t[0] for t in tables] == ["deployment", "timestamps"]
+    printed = kube.kubectl("-n", ns, "get", "tso").stdout
+    assert "IMPLEMENTATION" in printed and "distributed" in printed and "True" in printed
+
+
+def test_flip_back_and_forth_under_client_load(kube, oracle_ns, tmp_path):
+    ns = oracle_ns.name
+    kube.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
+    kube.wait_tso(ns, "orders", is_ready)
+    url = oracle_ns.url + "?schema=tsoracle_orders"
+    out = tmp_path / "client.jsonl"
+    client = subprocess.Popen(
+        [sys.executable, str(WORKLOAD), url, str(out), "--seconds", "10", "--concurrency", "8",
+         "--timeline", "counter:orders"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    time.sleep(2)
+    flips = []
+    epoch = 1
+    for target in ("legacy", "distributed"):
+        started = time.monotonic_ns()
+        kube.kubectl("-n", ns, "patch", "tso", "orders", "--type", "merge", "-p",
+                     json.dumps({"spec": {"implementation": target}}))
+        obj = kube.wait_tso(ns, "orders", lambda o, e=epoch: is_ready(o)
+                            and o["status"].get("epoch") == e + 1, what=f"flip to {target}")
+        assert obj["status"]["activeImplementation"] == target
+        epoch += 1
+        flips.append((started, int(obj["status"]["bootstrapTimestamp"]["counter:orders"])))
+        time.sleep(2)
+    stdout, stderr = client.communicate(timeout=60)
+    assert client.returncode == 0, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["fenced"] >= 1  # clients on the old epoch were told to reopen
+    ops = load([out])
+    assert len(ops) > 200
+    assert check(ops) == []
+    for started, bootstrap in flips:
+        before = [o.value for o in ops if o.end < started]
+        assert before and bootstrap >= max(before)
+    flipped = kube.events(ns, "Flipped")
+    assert len(flipped) == 2, [e["message"] for e in flipped]
+    assert any("-> legacy" in e["message"] for e in flipped)
+    assert any("-> distributed" in e["message"] for e in flipped)
+
+
+def test_api_server_rejects_bad_resources(kube, chart):
+    ns = kube.new_namespace("bad")
+    base = {"apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
+            "metadata": {"name": "x"},
+            "spec": {"backend": {"urlSecretRef": {"name": "s"}}}}
+
+    def apply(spec_update: dict) -> subprocess.CompletedProcess[str]:
+        doc = json.loads(json.dumps(base))
+        doc["spec"].update(spec_update)
+        return kube.kubectl("-n", ns, "apply", "-f", "-", stdin=json.dumps(doc), check=False)
+
+    r = apply({"implementation": "quantum"})
+    assert r.returncode != 0 and 'Unsupported value: "quantum"' in r.stderr
+    r = apply({"timelines": ["EpochMilliseconds", "wallclock"]})
+    assert r.returncode != 0 and "should match" in r.stderr and "wallclock" in r.stderr
+    assert apply({}).returncode == 0
+    obj = kube.tso(ns, "x")
+    assert obj["spec"]["implementation"] == "distributed"  # defaults from the schema
+    assert obj["spec"]["fencing"] == "Always" and obj["spec"]["deletionPolicy"] == "Retain"
+    r = kube.kubectl("-n", ns, "patch", "tso", "x", "--type", "merge", "-p",
+                     '{"spec":{"backend":{"urlSecretRef":{"name":"other"}}}}', check=False)
+    assert r.returncode != 0 and "urlSecretRef is immutable" in r.stderr
+    r = kube.kubectl("-n", ns, "patch", "tso", "x", "--type", "merge", "-p",
+                     '{"spec":{"timelines":[]}}', check=False)
+    assert r.returncode != 0 and "may only grow" in r.stderr
+
+
+def test_missing_then_bad_secret_degrades_then_recovers(kube, chart, database, tmp_path):
+    ns = kube.new_namespace("sec")
+    op = Operator(chart.kubeconfig, ns, tmp_path / "op.log").start()
+    try:
+        doc = {"apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
+               "metadata": {"name": "s"},
+               "spec": {"backend": {"urlSecretRef": {"name": "later"}}}}
+        kube.kubectl("-n", ns, "apply", "-f", "-", stdin=json.dumps(doc))
+        obj = kube.wait_tso(ns, "s", lambda o: condition(o, "Degraded").get("reason")
+                            == "SecretNotFound", what="Degraded/SecretNotFound")
+        assert condition(obj, "Ready")["status"] == "False"
+        assert "later" in condition(obj, "Degraded")["message"]
+        bad = "postgresql://tsoracle:s3cr3t-value@127.0.0.1:notaport/x"
+        kube.kubectl("-n", ns, "create", "secret", "generic", "later",
+                     f"--from-literal=url={bad}")
+        obj = kube.wait_tso(ns, "s", lambda o: condition(o, "Degraded").get("reason")
+                            == "BadURL", what="Degraded/BadURL")
+        unreachable = database.rsplit(":", 1)[0] + ":1/x"  # nothing listens on port 1
+        kube.kubectl("-n", ns, "create", "secret", "generic", "later", "--dry-run=client",
+                     "-o", "yaml", f"--from-literal=url={unreachable}", check=True)
+        patch = {"data": {"url": base64.b64encode(unreachable.encode()).decode()}}
+        kube.kubectl("-n", ns, "patch", "secret", "later", "-p", json.dumps(patch))
+        obj = kube.wait_tso(ns, "s", lambda o: condition(o, "Degraded").get("reason")
+                            == "BackendUnavailable", timeout=90, what="BackendUnavailable")
+        message = condition(obj, "Degraded")["message"]
+        assert "127.0.0.1" not in message and "tsoracle:" not in message
+        patch = {"data": {"url": base64.b64encode(database.encode()).decode()}}
+        kube.kubectl("-n", ns, "patch", "secret", "later", "-p", json.dumps(patch))
+        obj = kube.wait_tso(ns, "s", is_ready, timeout=90, what="recovery")
+        assert condition(obj, "Degraded")["status"] == "False"
+        everything = json.dumps(obj) + json.dumps(kube.events(ns))
+        everything += op.log.read_text()
+        for secret in ("s3cr3t-value", "tsoracle-test-pw"):
+            assert secret not in everything
+    finally:
+        op.stop()
+
+
+def test_operator_restart_mid_flip_finishes_it_exactly_once(kube, chart, database, tmp_path):
+    ns = kube.new_namespace("crash")
+    kube.kubectl("-n", ns, "create", "secret", "generic", "oracle-db",
+                 f"--from-literal=url={database}")
+    crashing = Operator(chart.kubeconfig, ns, tmp_path / "op1.log",
+                        env={"TSORACLE_OPERATOR_FAULT": "exit-after-flip"}).start()
+    try:
+        kube.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
+        kube.wait_tso(ns, "orders", is_ready)
+        kube.kubectl("-n", ns, "patch", "tso", "orders", "--type", "merge", "-p",
+                     '{"spec":{"implementation":"legacy"}}')
+        assert crashing.wait_exit(60) == 3  # died right after the flip committed
+    finally:
+        crashing.stop()
+    url = database + "?schema=tsoracle_orders"
+    assert asyncio.run(tsoracle.status(url)).deployment.epoch == 2
+    assert kube.tso(ns, "orders")["status"]["epoch"] == 1  # not published yet
+    healthy = Operator(chart.kubeconfig, ns, tmp_path / "op2.log").start()
+    try:
+        obj = kube.wait_tso(ns, "orders", lambda o: is_ready(o) and o["status"]["epoch"] == 2,
+                            what="resumed flip")
+        assert obj["status"]["activeImplementation"] == "legacy"
+        time.sleep(2)  # give a second (wrong) flip the chance to happen
+        assert asyncio.run(tsoracle.status(url)).deployment.epoch == 2
+        assert kube.tso(ns, "orders")["status"]["epoch"] == 2
+        assert len(kube.events(ns, "Flipped")) == 1
+    finally:
+        healthy.stop()
+
+
+def test_deletion_policy(kube, oracle_ns, pg):
+    ns = oracle_ns.name
+    dbname = oracle_ns.url.rsplit("/", 1)[1]
+    for name, policy in (("keep", "Retain"), ("drop", "Delete")):
+        doc = {"apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
+               "metadata": {"name": name},
+               "spec": {"backend": {"urlSecretRef": {"name": "oracle-db"},
+                                    "schema": f"s_{name}"},
+                        "deletionPolicy": policy}}
+        kube.kubectl("-n", ns, "apply", "-f", "-", stdin=json.dumps(doc))
+        kube.wait_tso(ns, name, is_ready)
+        finalizers = kube.tso(ns, name)["metadata"].get("finalizers", [])
+        assert "tsoracle.io/finalizer" in finalizers
+        kube.kubectl("-n", ns, "delete", "tso", name, "--timeout=60s")
+    schemas = {r[0] for r in pg.sql("SELECT schema_name FROM information_schema.schemata",
+                                    dbname)}
+    assert "s_keep" in schemas and "s_drop" not in schemas

@@ -8,7 +8,6 @@ refreshes per-timeline status on a timer and ends rollout windows.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import os
@@ -48,6 +47,9 @@ log = logging.getLogger("tsoracle.operator")
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # Our resources are known in advance: skip kopf's cluster scan of CRDs and namespaces, which
+    # would need cluster-wide list/watch rights the operator has no other use for.
+    settings.scanning.disabled = True
     # Without these a silently stalled watch stream never delivers another event.
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 90
@@ -69,8 +71,14 @@ async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.
         while not stopped:
             wake.clear()
             delay = await reconcile_once(name, namespace, body)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=delay)
+            # Sleep until the refresh is due, the spec changes, or kopf stops the daemon.
+            waiters = [asyncio.ensure_future(wake.wait()),
+                       asyncio.ensure_future(stopped.wait())]
+            try:
+                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
     finally:
         metrics.MANAGED.dec()
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from support.history import check, load
@@ -61,6 +62,13 @@ def test_example_cr_becomes_ready_with_tables(kube, oracle_ns, pg):
     assert [t[0] for t in tables] == ["deployment", "timestamps"]
     printed = kube.kubectl("-n", ns, "get", "tso").stdout
     assert "IMPLEMENTATION" in printed and "distributed" in printed and "True" in printed
+    op = oracle_ns.operator
+    live = urllib.request.urlopen(f"http://127.0.0.1:{op.liveness_port}/healthz", timeout=10)
+    assert live.status == 200
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics",
+                                     timeout=10).read().decode()
+    assert 'tsoracle_operator_reconciles_total{result="ok"}' in metrics
+    assert "tsoracle_operator_managed_oracles 1.0" in metrics
 
 
 def test_flip_back_and_forth_under_client_load(kube, oracle_ns, tmp_path):

@@ -107,13 +107,14 @@ class Operator:
         self.extra_env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = free_port()
+        self.liveness_port = free_port()
 
     def start(self) -> Operator:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tsoracle.cli", "operator", "--namespace",
-                 self.namespace, "--liveness-port", str(free_port()), "--metrics-port",
+                 self.namespace, "--liveness-port", str(self.liveness_port), "--metrics-port",
                  str(self.metrics_port), "--bind", "127.0.0.1"],
                 stdout=log, stderr=subprocess.STDOUT, env=env)
         return self

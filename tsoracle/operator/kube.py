@@ -33,9 +33,13 @@ def api_client() -> client.ApiClient:
 
 async def read_secret_url(namespace: str, name: str, key: str) -> str:
     """The backend URL stored in a Secret. Errors name the Secret and key, never the value."""
-    core = client.CoreV1Api(api_client())
+    return await asyncio.to_thread(read_secret_url_sync, api_client(), namespace, name, key)
+
+
+def read_secret_url_sync(api: client.ApiClient, namespace: str, name: str, key: str) -> str:
+    core = client.CoreV1Api(api)
     try:
-        secret = await asyncio.to_thread(core.read_namespaced_secret, name, namespace)
+        secret = core.read_namespaced_secret(name, namespace)
     except ApiException as exc:
         if exc.status == 404:
             raise SecretProblem("SecretNotFound",

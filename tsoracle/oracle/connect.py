@@ -29,7 +29,9 @@ from tsoracle.store.schema import schema_exists
 DEFAULT_MAX_CLOCK_SKEW_MS = 60_000
 
 
-async def _open_backend(url: str, implementation: str = "admin", **kwargs: Any) -> Backend:
+async def open_instrumented_backend(url: str, implementation: str = "admin",
+                                    **kwargs: Any) -> Backend:
+    """An open backend whose retries are counted under `implementation`."""
     retries = metrics.RETRIES
     backend = open_backend(
         parse_url(url), on_retry=lambda reason: retries.inc(reason, implementation),
@@ -79,7 +81,7 @@ async def open_oracle(
             "open read-only clients with implementation='distributed'"
         )
     impl_label = implementation or "active"
-    backend = await _open_backend(url, impl_label, pool_size=pool_size, retry=retry)
+    backend = await open_instrumented_backend(url, impl_label, pool_size=pool_size, retry=retry)
     try:
         dep = await _require_schema(backend)
         if not await timeline_exists(backend, tl.name):
@@ -118,7 +120,7 @@ async def connect(url: str, **kwargs: Any) -> AsyncIterator[TimestampOracle]:
 @asynccontextmanager
 async def admin_backend(url: str) -> AsyncIterator[Backend]:
     """A backend for deployment-wide calls (provision, flip, status) on the lower layers."""
-    backend = await _open_backend(url)
+    backend = await open_instrumented_backend(url)
     try:
         yield backend
     finally:

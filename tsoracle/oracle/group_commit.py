@@ -11,12 +11,17 @@ from tsoracle.oracle.api import TimestampOracle
 P = TypeVar("P")
 
 
+class Conflict(Exception):
+    """Raised by an append that lost a compare-and-set; the group retries at a fresh timestamp."""
+
+
 class GroupCommitter(Generic[P]):
     """`await commit(payload)` returns the timestamp at which the payload became visible.
 
     While one group is committing, newcomers queue up and form the next group. A group is
     visible to readers only after `apply_write`; if the append fails, nobody in the group
-    gets a timestamp and nothing is applied.
+    gets a timestamp and nothing is applied. An append that raises `Conflict` is retried at a
+    fresh timestamp.
     """
 
     def __init__(
@@ -25,11 +30,13 @@ class GroupCommitter(Generic[P]):
         append: Callable[[int, list[P]], Awaitable[None]],
         *,
         max_group: int = 10_000,
+        max_conflicts: int = 50,
         on_group: Callable[[int], None] | None = None,
     ) -> None:
         self.oracle = oracle
         self._append = append
         self._max_group = max_group
+        self._max_conflicts = max_conflicts
         self._on_group = on_group
         self._queue: list[tuple[P, asyncio.Future[int]]] = []
         self._worker: asyncio.Task[None] | None = None
@@ -48,9 +55,7 @@ class GroupCommitter(Generic[P]):
             if self._on_group is not None:
                 self._on_group(len(group))
             try:
-                ts = (await self.oracle.write_ts()).timestamp
-                await self._append(ts, [payload for payload, _ in group])
-                await self.oracle.apply_write(ts)
+                ts = await self._commit_group([payload for payload, _ in group])
             except Exception as exc:
                 for _, fut in group:
                     if not fut.done():
@@ -59,3 +64,14 @@ class GroupCommitter(Generic[P]):
             for _, fut in group:
                 if not fut.done():
                     fut.set_result(ts)
+
+    async def _commit_group(self, payloads: list[P]) -> int:
+        for _ in range(self._max_conflicts):
+            ts = (await self.oracle.write_ts()).timestamp
+            try:
+                await self._append(ts, payloads)
+            except Conflict:
+                continue  # another writer committed above ts first: take a fresh timestamp
+            await self.oracle.apply_write(ts)
+            return ts
+        raise Conflict(f"gave up after {self._max_conflicts} conflicting commits")

@@ -20,11 +20,14 @@ from psycopg import sql
 
 U64_MAX = 2**64 - 1
 _BIAS = 2**63
-TABLES = ("timestamps", "deployment")
+ORACLE_TABLES = ("timestamps", "deployment")
+CATALOG_TABLES = ("table_catalog", "table_commits", "timeline_uppers")  # Spark tables' catalog
+TABLES = ORACLE_TABLES + CATALOG_TABLES
 
 
 class Dialect:
     name = "abstract"
+    ts_type = "NUMERIC(20, 0)"  # column type of an unsigned 64-bit timestamp
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
@@ -87,7 +90,6 @@ class PostgresDialect(Dialect):
     def __init__(self, schema: str, cockroach: bool = False) -> None:
         super().__init__(schema)
         self.cockroach = cockroach
-        self._idents = {t: sql.Identifier(schema, t) for t in TABLES}
 
     def render(self, template: str) -> str:
         return _pg_render(template, self.schema)
@@ -132,6 +134,7 @@ class SqliteDialect(Dialect):
     """One file, no schemas: the schema name prefixes the table names instead."""
 
     name = "sqlite"
+    ts_type = "INTEGER"  # biased by 2**63, see the module docstring
 
     def render(self, template: str) -> str:
         return _sqlite_render(template, self.schema)

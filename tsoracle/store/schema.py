@@ -6,7 +6,7 @@ import logging
 
 from tsoracle.errors import OracleUnavailable
 from tsoracle.store.backend import Backend
-from tsoracle.store.dialect import SEED_DEPLOYMENT, TABLES
+from tsoracle.store.dialect import ORACLE_TABLES, SEED_DEPLOYMENT
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ async def ensure_schema(backend: Backend, *, implementation: str, fence: str) ->
 
 
 async def schema_exists(backend: Backend) -> bool:
-    for table in TABLES:
+    for table in ORACLE_TABLES:
         if not await backend.table_exists(table):
             return False
     return True

@@ -1,0 +1,140 @@
+"""The catalog of timestamped tables, kept in the oracle's own database.
+
+Commit protocol (compare-and-set on the timeline's upper): a commit at `ts` succeeds only if
+`ts` is above the timeline's upper, which it then becomes. A linearized read at `T` first raises
+the upper to `T` ("seals" it). So once anyone has read at `T`, no commit at or below `T` can land:
+a writer that allocated a timestamp, was delayed, and lost the race gets `Conflict` and retries
+at a fresh timestamp. Every read at `T` therefore returns the same rows forever.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tsoracle.errors import ConfigError, NotInitialized
+from tsoracle.oracle.group_commit import Conflict
+from tsoracle.store import Backend, Tx
+
+_DDL = (
+    """CREATE TABLE IF NOT EXISTS {table_catalog} (
+        name TEXT PRIMARY KEY, timeline TEXT NOT NULL, columns TEXT NOT NULL,
+        keys TEXT NOT NULL, location TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS {table_commits} (
+        table_name TEXT NOT NULL, ts TSTYPE NOT NULL, timeline TEXT NOT NULL,
+        path TEXT NOT NULL, tag TEXT, PRIMARY KEY (table_name, ts))""",
+    """CREATE TABLE IF NOT EXISTS {timeline_uppers} (
+        timeline TEXT PRIMARY KEY, upper TSTYPE NOT NULL)""",
+)
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    name: str
+    timeline: str
+    columns: list[dict[str, Any]]  # Spark StructField JSON
+    keys: list[str]
+    location: str
+
+
+async def ensure_catalog(backend: Backend) -> None:
+    for ddl in _DDL:
+        await backend.execute_ddl(backend.dialect.render(ddl.replace("TSTYPE",
+                                                                     backend.dialect.ts_type)))
+
+
+async def register(backend: Backend, info: TableInfo) -> TableInfo:
+    """Create the table if missing; an existing one must match exactly."""
+
+    async def body(tx: Tx) -> TableInfo:
+        await tx.fetch(
+            "INSERT INTO {table_catalog} (name, timeline, columns, keys, location)"
+            " VALUES (%(n)s, %(t)s, %(c)s, %(k)s, %(l)s) ON CONFLICT (name) DO NOTHING",
+            {"n": info.name, "t": info.timeline, "c": json.dumps(info.columns),
+             "k": json.dumps(info.keys), "l": info.location})
+        await tx.fetch(
+            "INSERT INTO {timeline_uppers} (timeline, upper) VALUES (%(t)s, %(u)s::numeric)"
+            " ON CONFLICT (timeline) DO NOTHING",
+            {"t": info.timeline, "u": backend.enc(0)})
+        existing = await _lookup(tx, info.name)
+        assert existing is not None
+        return existing
+
+    found = await backend.transaction(body)
+    if (found.timeline, found.columns, found.keys) != (info.timeline, info.columns, info.keys):
+        raise ConfigError(
+            f"table {info.name!r} already exists with timeline {found.timeline!r}, columns "
+            f"{_describe(found.columns)}, keys {found.keys}; it cannot be redefined"
+        )
+    return found
+
+
+async def lookup(backend: Backend, name: str) -> TableInfo:
+    info = await _lookup(backend, name)
+    if info is None:
+        raise NotInitialized(f"table {name!r} does not exist; create it with a schema first "
+                             "(client.create_table(name, schema))")
+    return info
+
+
+async def _lookup(db: Backend | Tx, name: str) -> TableInfo | None:
+    rows = await db.fetch("SELECT name, timeline, columns, keys, location FROM {table_catalog}"
+                          " WHERE name = %(n)s", {"n": name})
+    if not rows:
+        return None
+    n, t, c, k, loc = rows[0]
+    return TableInfo(str(n), str(t), json.loads(c), json.loads(k), str(loc))
+
+
+async def commit(backend: Backend, info: TableInfo, ts: int, path: str,
+                 tag: str | None = None, expected_upper: int | None = None) -> None:
+    """Compare-and-set the timeline's upper to `ts` and record the commit, atomically."""
+
+    async def body(tx: Tx) -> None:
+        params = {"t": info.timeline, "ts": backend.enc(ts)}
+        condition = ""
+        if expected_upper is not None:
+            condition = " AND upper = %(e)s::numeric"
+            params["e"] = backend.enc(expected_upper)
+        won = await tx.fetch("UPDATE {timeline_uppers} SET upper = %(ts)s::numeric"
+                             " WHERE timeline = %(t)s AND upper < %(ts)s::numeric" + condition +
+                             " RETURNING upper", params)
+        if not won:
+            raise Conflict(f"timeline {info.timeline!r} moved past {ts}")
+        await tx.fetch("INSERT INTO {table_commits} (table_name, ts, timeline, path, tag)"
+                       " VALUES (%(n)s, %(ts)s::numeric, %(t)s, %(p)s, %(g)s)",
+                       {"n": info.name, "ts": backend.enc(ts), "t": info.timeline,
+                        "p": path, "g": tag})
+
+    await backend.transaction(body)
+
+
+async def seal(backend: Backend, timeline: str, ts: int) -> None:
+    """Close `ts`: no commit at or below it can land any more."""
+    await backend.fetch("UPDATE {timeline_uppers} SET upper = %(ts)s::numeric"
+                        " WHERE timeline = %(t)s AND upper < %(ts)s::numeric",
+                        {"t": timeline, "ts": backend.enc(ts)})
+
+
+async def upper(backend: Backend, timeline: str) -> int:
+    rows = await backend.fetch("SELECT upper FROM {timeline_uppers} WHERE timeline = %(t)s",
+                               {"t": timeline})
+    return backend.dec(rows[0][0]) if rows else 0
+
+
+async def commits_as_of(backend: Backend, name: str, ts: int) -> list[tuple[int, str]]:
+    rows = await backend.fetch("SELECT ts, path FROM {table_commits} WHERE table_name = %(n)s"
+                               " AND ts <= %(ts)s::numeric ORDER BY ts",
+                               {"n": name, "ts": backend.enc(ts)})
+    return [(backend.dec(t), str(p)) for t, p in rows]
+
+
+async def has_tag(backend: Backend, name: str, tag: str) -> bool:
+    rows = await backend.fetch("SELECT 1 FROM {table_commits} WHERE table_name = %(n)s"
+                               " AND tag = %(g)s", {"n": name, "g": tag})
+    return bool(rows)
+
+
+def _describe(columns: list[dict[str, Any]]) -> str:
+    return "(" + ", ".join(f"{c['name']} {c['type']}" for c in columns) + ")"

@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd("finish-rollout", "end the rollout window (Rollout fencing mode)")
 
+    c = sub.add_parser("demo", help="the main job: Spark writers and readers on the embedded "
+                       "default, with a flip mid-run",
+                       description="run writers, readers and a flip on local Spark + SQLite")
+    c.add_argument("--writers", type=int, default=3)
+    c.add_argument("--batches", type=int, default=4, help="appends per writer")
+    c.add_argument("--rows", type=int, default=50, help="rows per append")
+    c.add_argument("--data-dir", help="keep the data here (default: a temporary directory)")
+
     c = sub.add_parser("operator", help="run the Kubernetes operator",
                        description="run the kopf operator for TimestampOracle resources")
     c.add_argument("--namespace", action="append", dest="namespaces", default=[],
@@ -209,6 +217,15 @@ def run(coro: Coroutine[Any, Any, int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from tsoracle.spark.demo import run_demo
+
+        try:
+            return run_demo(writers=args.writers, batches=args.batches, rows=args.rows,
+                            data_dir=args.data_dir)
+        except errors.OracleError as exc:
+            print(f"tsoracle: error: {exc}", file=sys.stderr)
+            return 1
     if args.command == "operator":
         from tsoracle.operator.main import run_operator
 

@@ -222,3 +222,27 @@ def test_deletion_policy(kube, oracle_ns, pg):
     schemas = {r[0] for r in pg.sql("SELECT schema_name FROM information_schema.schemata",
                                     dbname)}
     assert "s_keep" in schemas and "s_drop" not in schemas
+
+
+def test_spark_client_discovers_the_oracle_through_the_resource(kube, oracle_ns, tmp_path):
+    from tsoracle.spark import OracleClient
+
+    ns = oracle_ns.name
+    kube.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
+    kube.wait_tso(ns, "orders", is_ready)
+    client = OracleClient.from_resource("orders", ns, data_dir=tmp_path,
+                                        kubeconfig=str(kube.kubeconfig),
+                                        timeline="counter:orders")
+    try:
+        assert client.resource_implementation == "distributed" and client.resource_epoch == 1
+        w = client.write_ts()
+        client.apply_write(w)
+        assert client.read_ts() == w
+        kube.kubectl("-n", ns, "patch", "tso", "orders", "--type", "merge", "-p",
+                     '{"spec":{"implementation":"legacy"}}')
+        kube.wait_tso(ns, "orders", lambda o: o["status"].get("epoch") == 2 and is_ready(o))
+        assert client.read_ts() >= w  # reopened on the new implementation, not the old one
+        assert client.implementation("counter:orders") == "legacy"
+        assert client.epoch("counter:orders") == 2 and client.reopens == 1
+    finally:
+        client.close()

@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "lincheck"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from localpg import LocalPostgres  # noqa: E402

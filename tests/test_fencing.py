@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.history import check, load
+from history import check, load
 
 import tsoracle
 

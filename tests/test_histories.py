@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.history import Op, check, load
+from history import Op, check, load
 from support.workload import Recorder
 
 import tsoracle

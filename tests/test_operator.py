@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from support.history import check, load
+from history import check, load
 from support.kube import Operator, condition, is_ready
 
 import tsoracle

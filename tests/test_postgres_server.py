@@ -7,8 +7,8 @@ import contextlib
 import uuid
 
 import pytest
+from history import check
 from localpg import LocalPostgres
-from support.history import check
 from support.workload import Recorder
 
 import tsoracle

@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tools" / "lincheck"))
 
-from support.history import Op  # noqa: E402
+from history import Op  # noqa: E402
 
 import tsoracle  # noqa: E402
 

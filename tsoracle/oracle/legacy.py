@@ -35,12 +35,14 @@ class LegacyOracle(TimestampOracle):
         self._upper = 0
         self._extending = asyncio.Lock()
         self._prefetch: asyncio.Task[None] | None = None
+        self.resumed_at = 0
 
     async def start(self) -> None:
         """Take over the timeline; a previous leader is fenced from now on."""
         state = await self.leadership.start()
         # The old leader may have handed out anything up to its reserved upper.
         self._read = self._write = self._upper = state.upper
+        self.resumed_at = state.upper  # histories record this as the leader's starting point
         await self._extend(self._write + 1)
 
     async def _write_ts(self) -> WriteTimestamp:

@@ -14,6 +14,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +38,15 @@ def bindir() -> Path:
     if not found:
         raise RuntimeError("PostgreSQL server binaries not found; apt-get install postgresql")
     return Path(found[-1]).parent
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def free_port() -> int:
@@ -112,6 +122,35 @@ class LocalPostgres:
         self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
         self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.base / "server.log",
                   "-w", "-t", "60", "start")
+
+    def crash_and_restart(self, down_seconds: float = 1.0) -> int:
+        """SIGKILL the postmaster, wait, start again (crash recovery runs). Returns the pid."""
+        pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        # Backends exit once they notice the postmaster died. The postmaster itself may linger
+        # as a zombie when nothing reaps it, which would make its lock file look alive.
+        while time.monotonic() < deadline and any(_alive(p) for p in self._server_pids()):
+            time.sleep(0.1)
+        time.sleep(down_seconds)
+        (self.data / "postmaster.pid").unlink(missing_ok=True)
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.base / "server.log",
+                  "-w", "-t", "60", "start")
+        return pid
+
+    def _server_pids(self) -> list[int]:
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(self.data).encode() in cmdline or b"postgres:" in cmdline and \
+                    str(self.port).encode() in cmdline:
+                pids.append(int(proc.name))
+        return pids
 
     def destroy(self) -> None:
         self.stop()

@@ -200,7 +200,7 @@ async def worker(args: argparse.Namespace) -> None:
                 rec.ret(op, False)
                 stats["failed"] += 1
                 await drop(tl, o)
-                await asyncio.sleep(0.05 + rng.random() * 0.3)  # let a new leader settle
+                await asyncio.sleep(0.3 + rng.random() * 0.7)  # let the new leader serve a while
             except tsoracle.OracleError:
                 rec.ret(op, False)
                 stats["failed"] += 1
@@ -321,8 +321,15 @@ def run(scenario: str, implementation: str, *, duration: float, out: Path, url: 
             first_fault[0] = now
         faults.append({"fault": kind, "at_s": round((now - started) / 1e9, 2), **info})
 
-    nemesis = threading.Thread(target=_nemesis, args=(scenario, duration, url, pg, procs, flag,
-                                                      fault, spawn, out, processes))
+    nemesis_errors: list[str] = []
+
+    def guarded() -> None:
+        try:
+            _nemesis(scenario, duration, url, pg, procs, flag, fault, spawn, out, processes)
+        except Exception as exc:  # reported in the verdict: a fault that was not injected
+            nemesis_errors.append(f"{type(exc).__name__}: {exc}")
+
+    nemesis = threading.Thread(target=guarded)
     nemesis.start()
     nemesis.join()
     for p in list(procs.values()):
@@ -348,14 +355,16 @@ def run(scenario: str, implementation: str, *, duration: float, out: Path, url: 
                     pass
     seconds_before = max(1e-3, (cutoff - started) / 1e9)
     enough = checked["ops"] >= min_ops
-    verdict = "pass" if (checked["exit"] == 0 and not problems and enough) else "FAIL"
+    verdict = "pass" if (checked["exit"] == 0 and not problems and enough
+                         and not nemesis_errors) else "FAIL"
     summary = {
         "scenario": scenario, "implementation": implementation, "processes": processes,
         "clients_per_process": clients, "ops_checked": checked["ops"],
         "completed_ops": completed, "faults": faults,
         "throughput_before_faults_ops_s": round(before / seconds_before),
         "porcupine": checked["verdict"], "porcupine_seconds": round(checked["seconds"], 2),
-        "invariant_violations": problems[:5], "enough_traffic": enough, "verdict": verdict,
+        "invariant_violations": problems[:5], "enough_traffic": enough,
+        "nemesis_errors": nemesis_errors, "verdict": verdict,
     }
     if checked["exit"] == 1:
         summary["visualization"] = str(out / "violation.html")
@@ -379,12 +388,9 @@ def _nemesis(scenario: str, duration: float, url: str, pg: LocalPostgres | None,
             fault("pg_terminate_backend")
             time.sleep(0.3)
         at(0.5)
-        pid = int((pg.data / "postmaster.pid").read_text().split()[0])
-        os.kill(pid, signal.SIGKILL)
-        fault("postgres SIGKILL", pid=pid)
-        time.sleep(1.0)
-        pg.start()
-        fault("postgres restarted")
+        fault("postgres SIGKILL")
+        pid = pg.crash_and_restart(down_seconds=1.0)
+        fault("postgres restarted after crash recovery", killed_pid=pid)
     elif scenario == "client-kill":
         for n, frac in enumerate((0.3, 0.6)):
             at(frac)

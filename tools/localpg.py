@@ -126,29 +126,32 @@ class LocalPostgres:
     def crash_and_restart(self, down_seconds: float = 1.0) -> int:
         """SIGKILL the postmaster, wait, start again (crash recovery runs). Returns the pid."""
         pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        server = [pid, *self._children(pid)]
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         # Backends exit once they notice the postmaster died. The postmaster itself may linger
         # as a zombie when nothing reaps it, which would make its lock file look alive.
-        while time.monotonic() < deadline and any(_alive(p) for p in self._server_pids()):
+        while time.monotonic() < deadline and any(_alive(p) for p in server):
             time.sleep(0.1)
         time.sleep(down_seconds)
+        # The dead postmaster's lock files would make the new one refuse to start.
         (self.data / "postmaster.pid").unlink(missing_ok=True)
+        (self.base / f".s.PGSQL.{self.port}.lock").unlink(missing_ok=True)
         self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.base / "server.log",
                   "-w", "-t", "60", "start")
         return pid
 
-    def _server_pids(self) -> list[int]:
+    @staticmethod
+    def _children(ppid: int) -> list[int]:
         pids = []
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
             try:
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
                 continue
-            if str(self.data).encode() in cmdline or b"postgres:" in cmdline and \
-                    str(self.port).encode() in cmdline:
+            if int(fields[1]) == ppid:
                 pids.append(int(proc.name))
         return pids
 

@@ -151,6 +151,7 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body) -> float:
         metrics.FAILURES.labels(obs.degraded_reason).inc()
         log.warning("%s/%s degraded (%s): %s", namespace, name, obs.degraded_reason,
                     obs.degraded_message)
+    metrics.ROLLOUT.labels(namespace, name).set(1 if obs.rollout else 0)
     patch = status_patch(obs, spec, old_status, generation, _now())
     patch.update(extra)
     await patch_status(namespace, name, patch)

@@ -12,3 +12,5 @@ RECONCILE_SECONDS = Histogram("tsoracle_operator_reconcile_duration_seconds",
 FLIP_SECONDS = Histogram("tsoracle_operator_flip_duration_seconds",
                          "Duration of the flip transaction")
 MANAGED = Gauge("tsoracle_operator_managed_oracles", "TimestampOracle resources being reconciled")
+ROLLOUT = Gauge("tsoracle_operator_rollout_in_progress",
+                "1 while a TimestampOracle's rollout window is open", ["namespace", "name"])

@@ -46,7 +46,8 @@ OPERATOR_PANELS = [
     ("Managed TimestampOracles", "sum(tsoracle_operator_managed_oracles)", "short"),
 ]
 
-# (name, expr, for, severity, summary, runbook)
+# (name, expr, for, severity, summary, runbook); ALERT_SIGNALS lists, per alert, the series its
+# expression is built on: they must return data even while the alert does not fire.
 ALERTS = [
     ("TsoracleOperationsFailing",
      "sum by (job, operation) (rate(tsoracle_operations_failed_total"
@@ -69,3 +70,14 @@ ALERTS = [
      "30m", "warning", "rollout of {{ $labels.namespace }}/{{ $labels.name }} has not finished",
      "rollout-stuck"),
 ]
+
+ALERT_SIGNALS = {
+    "TsoracleOperationsFailing": [
+        "sum by (job, operation) (rate(tsoracle_operations_failed_total[2m]))"],
+    "TsoracleReadLagGrowing": ["max by (timeline) (tsoracle_read_ts_lag_milliseconds)"],
+    "TsoracleEpochFlapping": ["changes(max by (timeline) (tsoracle_epoch)[30m:1m])"],
+    "TsoracleReconcileFailing": [
+        "sum by (reason) (rate(tsoracle_operator_failures_total[5m]))"],
+    "TsoracleRolloutStuck": [
+        "max by (namespace, name) (tsoracle_operator_rollout_in_progress)"],
+}

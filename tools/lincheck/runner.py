@@ -32,7 +32,7 @@ ROOT = HERE.parent.parent
 sys.path[:0] = [str(ROOT), str(HERE.parent), str(HERE)]
 
 from history import Op, check  # noqa: E402
-from localpg import LocalPostgres  # noqa: E402
+from localpg import LocalPostgres, free_port  # noqa: E402
 
 import tsoracle  # noqa: E402
 
@@ -128,7 +128,7 @@ async def worker(args: argparse.Namespace) -> None:
         from urllib.parse import urlsplit, urlunsplit
 
         parts = urlsplit(url)
-        port = _free_port()
+        port = free_port()
         await proxy(port, (parts.hostname or "127.0.0.1", parts.port or 5432),
                     Path(args.partition_flag))
         netloc = parts.netloc.rsplit("@", 1)
@@ -210,14 +210,6 @@ async def worker(args: argparse.Namespace) -> None:
     for o in list(oracles.values()):
         await o.close()
     print(json.dumps(stats), flush=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- the orchestrator ----------------------------------------------------------------------

@@ -73,13 +73,7 @@ class DistributedOracle(TimestampOracle):
         return WriteTimestamp(ts, ts + 1)
 
     async def _peek_write_ts(self) -> int:
-        rows = await self._fetch("peek")
-        if not rows:
-            raise UnknownTimeline(self.timeline.name)
-        value, ok = rows[0]
-        if not ok:
-            raise await self._why_refused()
-        return self.backend.dec(value)
+        return await self._guarded_value(await self._fetch("peek"))
 
     async def _read_ts(self) -> int:
         if self._reads is None:
@@ -87,7 +81,10 @@ class DistributedOracle(TimestampOracle):
         return await self._reads.call()
 
     async def _query_read(self) -> int:
-        rows = await self._fetch_pinned("read")
+        return await self._guarded_value(await self._fetch_pinned("read"))
+
+    async def _guarded_value(self, rows: list[tuple[Any, ...]]) -> int:
+        """The timestamp of a `SELECT value, guard` row, or the reason there is none."""
         if not rows:
             raise UnknownTimeline(self.timeline.name)
         value, ok = rows[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tsoracle.fencing import Deployment, check_implementation, read_deployment
+from tsoracle.fencing import check_implementation, read_deployment
 from tsoracle.store import Backend, Tx
 
 
@@ -62,7 +62,3 @@ async def flip_backend(backend: Backend, to: str) -> FlipResult:
         return FlipResult(epoch, to, dep.implementation, True, top)
 
     return await backend.transaction(body)
-
-
-def describe(dep: Deployment) -> str:
-    return f"{dep.implementation} at epoch {dep.epoch} (fencing {dep.fence})"

@@ -246,3 +246,27 @@ def test_spark_client_discovers_the_oracle_through_the_resource(kube, oracle_ns,
         assert client.epoch("counter:orders") == 2 and client.reopens == 1
     finally:
         client.close()
+
+
+def test_chart_grants_spark_drivers_just_enough(kube, oracle_ns, tmp_path):
+    from tsoracle.spark import OracleClient
+
+    ns = oracle_ns.name
+    kube.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
+    kube.wait_tso(ns, "orders", is_ready)
+    kube.helm("install", "drivers", str(ROOT / "charts" / "tsoracle"), "-n", ns,
+              "--set", "crds.install=false", "--set", "sparkDrivers.enabled=true",
+              "--set", "sparkDrivers.secretNames={oracle-db}")
+    kube.kubectl("-n", ns, "create", "serviceaccount", "spark")
+    kubeconfig = kube.token_kubeconfig(ns, "spark", tmp_path / "spark-kubeconfig")
+    client = OracleClient.from_resource("orders", ns, data_dir=tmp_path,
+                                        kubeconfig=str(kubeconfig))
+    try:
+        assert client.read_ts("EpochMilliseconds") >= 0  # the CR and its Secret were readable
+    finally:
+        client.close()
+    for verb, what in [("get", "secret/other"), ("list", "secrets"),
+                       ("patch", "timestamporacles"), ("delete", "timestamporacles")]:
+        r = kube.kubectl("auth", "can-i", verb, what, "-n", ns, check=False,
+                         kubeconfig=kubeconfig)
+        assert r.stdout.strip() == "no", (verb, what)

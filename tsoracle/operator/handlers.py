@@ -105,7 +105,7 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body) -> float:
         url = with_schema(await read_secret_url(namespace, spec.secret_name, spec.secret_key),
                           spec.schema)
         parse_url(url)
-        async with admin_backend(url) as backend:
+        async with admin_backend(url, create=True) as backend:
             done = await provision(backend, spec.timelines, implementation=spec.implementation)
             obs.provisioned = True
             dep = done.deployment

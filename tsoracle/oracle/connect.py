@@ -118,9 +118,12 @@ async def connect(url: str, **kwargs: Any) -> AsyncIterator[TimestampOracle]:
 
 
 @asynccontextmanager
-async def admin_backend(url: str) -> AsyncIterator[Backend]:
-    """A backend for deployment-wide calls (provision, flip, status) on the lower layers."""
-    backend = await open_instrumented_backend(url)
+async def admin_backend(url: str, *, create: bool = False) -> AsyncIterator[Backend]:
+    """A backend for deployment-wide calls (provision, flip, status) on the lower layers.
+
+    `create` lets an embedded (SQLite) database file be created; only provisioning does that.
+    """
+    backend = await open_instrumented_backend(url, create=create)
     try:
         yield backend
     finally:
@@ -136,7 +139,7 @@ async def init(
     fencing: str | None = None,
 ) -> Provisioned:
     """Create the schema, tables and timelines that are missing (idempotent)."""
-    async with admin_backend(url) as backend:
+    async with admin_backend(url, create=True) as backend:
         return await provision(backend, timelines, initial_ts=initial_ts,
                                implementation=implementation, fencing=fencing)
 

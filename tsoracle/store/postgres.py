@@ -62,6 +62,7 @@ class PostgresBackend(Backend):
 
     def __init__(self, *args: Any, pool_size: int = 10, connect_timeout: float = 5.0,
                  **kwargs: Any) -> None:
+        kwargs.pop("create", None)  # databases are created by their administrator
         super().__init__(*args, **kwargs)
         self.pool_size = pool_size
         self.connect_timeout = connect_timeout

@@ -37,6 +37,7 @@ class SqliteBackend(Backend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.pop("pool_size", None)
         kwargs.pop("connect_timeout", None)
+        self.create = kwargs.pop("create", False)
         super().__init__(*args, **kwargs)
         self.dialect = SqliteDialect(self.url.schema)
         # One connection, one thread: sqlite3 objects must not be used from two threads at once.
@@ -51,6 +52,9 @@ class SqliteBackend(Backend):
             raise OracleUnavailable(
                 f"cannot open {self.url.safe}: folder {folder!r} does not exist; create it first"
             )
+        if not self.create and not os.path.exists(self.url.dsn):
+            raise NotInitialized(f"there is no oracle database at {self.url.safe}; create it "
+                                 "with `tsoracle init`")
         try:
             self._conn = await self._call(self._connect)
         except sqlite3.Error as exc:

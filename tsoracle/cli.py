@@ -11,6 +11,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from tsoracle import errors
+from tsoracle.extras import needs_extra
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.oracle import EPOCH_MILLISECONDS, connect, finish_rollout, flip, init, set_fencing
 from tsoracle.oracle import status as read_status
@@ -217,22 +218,33 @@ def run(coro: Coroutine[Any, Any, int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "demo":
-        from tsoracle.spark.demo import run_demo
-
-        try:
+    try:
+        if args.command == "demo":
+            with needs_extra("spark", "`tsoracle demo`"):
+                from tsoracle.spark.demo import run_demo
             return run_demo(writers=args.writers, batches=args.batches, rows=args.rows,
                             data_dir=args.data_dir)
-        except errors.OracleError as exc:
-            print(f"tsoracle: error: {exc}", file=sys.stderr)
-            return 1
-    if args.command == "operator":
-        from tsoracle.operator.main import run_operator
-
-        run_operator(namespaces=args.namespaces, liveness_port=args.liveness_port,
-                     metrics_port=args.metrics_port, bind=args.bind)
-        return 0
+        if args.command == "operator":
+            with needs_extra("operator", "`tsoracle operator`"):
+                from tsoracle.operator.main import run_operator
+            run_operator(namespaces=args.namespaces, liveness_port=args.liveness_port,
+                         metrics_port=args.metrics_port, bind=args.bind)
+            return 0
+    except errors.OracleError as exc:
+        print(f"tsoracle: error: {exc}", file=sys.stderr)
+        return 1
     return run(_run(args))
+
+
+def kubectl_main() -> int:
+    """Entry point of `kubectl-tsoracle`: the plugin needs the operator extra."""
+    try:
+        with needs_extra("operator", "`kubectl tsoracle`"):
+            from tsoracle.kubectl import main as plugin_main
+    except errors.MissingExtra as exc:
+        print(f"kubectl-tsoracle: error: {exc}", file=sys.stderr)
+        return 1
+    return plugin_main()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,13 @@ class NotInitialized(OracleUnavailable):
     """The schema or a timeline has not been provisioned yet."""
 
 
+class OracleClosed(OracleUnavailable):
+    """The oracle was closed (by this process): open a new one."""
+
+    def __init__(self) -> None:
+        super().__init__("this oracle is closed; open a new one with tsoracle.connect")
+
+
 class UnknownTimeline(NotInitialized):
     """The timeline exists nowhere in the backend."""
 
@@ -60,3 +67,14 @@ class ClockSkew(OracleError):
 
 class TimestampExhausted(OracleError):
     """The timeline reached the largest representable timestamp."""
+
+
+class MissingExtra(ConfigError):
+    """A command needs an optional part of tsoracle that is not installed."""
+
+    def __init__(self, what: str, extra: str, module: str) -> None:
+        self.extra = extra
+        super().__init__(
+            f"{what} needs the {extra!r} extra ({module} is not installed); "
+            f"install it with: pip install 'tsoracle[{extra}]'"
+        )

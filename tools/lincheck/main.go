@@ -1,9 +1,11 @@
 // Command lincheck checks recorded tsoracle histories for linearizability with Porcupine.
 //
-//	lincheck [-timeout 120s] [-html violation.html] history.jsonl...
+//	lincheck [-timeout 120s] [-html violation.html] [-run ID] [-window START,END] history.jsonl...
 //
-// Each history file holds JSON lines written by the Python workload: a "call" line when an
-// operation starts and a "ret" line when it ends. An operation without a successful return is
+// Each history file holds JSON lines written by the Python workload: first a "run" line naming
+// the run, then a "call" line when an operation starts and a "ret" line when it ends. Files from
+// different runs, or (with -window) clock readings outside the run, are refused: their times are
+// not comparable and would produce false violations. An operation without a successful return is
 // ambiguous: a read, peek or write that failed changed nothing a later operation can rely on
 // (gaps are allowed) and is dropped; an apply, reset or flip may have taken effect at any time
 // after its call, so it is given an open-ended return.
@@ -39,6 +41,29 @@ type line struct {
 	Value    json.Number `json:"value"`
 	OK       bool        `json:"ok"`
 	T        int64       `json:"t"`
+	Run      string      `json:"run"`
+}
+
+// window bounds every clock reading of one run (CLOCK_MONOTONIC nanoseconds).
+type window struct {
+	set        bool
+	start, end int64
+}
+
+func parseWindow(text string) (window, error) {
+	if text == "" {
+		return window{}, nil
+	}
+	parts := strings.Split(text, ",")
+	if len(parts) != 2 {
+		return window{}, fmt.Errorf("-window wants START,END, got %q", text)
+	}
+	start, err1 := strconv.ParseInt(parts[0], 10, 64)
+	end, err2 := strconv.ParseInt(parts[1], 10, 64)
+	if err1 != nil || err2 != nil || end < start {
+		return window{}, fmt.Errorf("-window wants START,END in nanoseconds, got %q", text)
+	}
+	return window{true, start, end}, nil
 }
 
 type input struct {
@@ -141,7 +166,7 @@ func parseUint(n json.Number) (uint64, error) {
 	return strconv.ParseUint(string(n), 10, 64)
 }
 
-func load(paths []string) ([]porcupine.Operation, int, error) {
+func load(paths []string, runID string, win window) ([]porcupine.Operation, int, error) {
 	calls := map[string]line{}
 	rets := map[string]line{}
 	var order []string
@@ -158,6 +183,7 @@ func load(paths []string) ([]porcupine.Operation, int, error) {
 		}
 		scanner := bufio.NewScanner(r)
 		scanner.Buffer(make([]byte, 1<<20), 1<<20)
+		fileRun := ""
 		for scanner.Scan() {
 			if len(scanner.Bytes()) == 0 {
 				continue
@@ -168,7 +194,30 @@ func load(paths []string) ([]porcupine.Operation, int, error) {
 			if err := dec.Decode(&l); err != nil {
 				continue // a line cut short by SIGKILL: the op stays without a return
 			}
+			if l.Kind == "run" {
+				if fileRun != "" || l.Run == "" {
+					return nil, 0, fmt.Errorf("%s: a bad or second run line", path)
+				}
+				fileRun = l.Run
+				if runID == "" {
+					runID = l.Run
+				} else if l.Run != runID {
+					return nil, 0, fmt.Errorf("%s comes from run %s, not %s: "+
+						"histories of different runs cannot be checked together", path, l.Run, runID)
+				}
+				continue
+			}
+			if fileRun == "" {
+				return nil, 0, fmt.Errorf("%s does not start with a run line", path)
+			}
+			if win.set && (l.T < win.start || l.T > win.end) {
+				return nil, 0, fmt.Errorf("%s: op %s read the clock at %d, outside the run "+
+					"[%d, %d]: a leftover from another run?", path, l.ID, l.T, win.start, win.end)
+			}
 			if l.Kind == "call" {
+				if _, seen := calls[l.ID]; seen {
+					return nil, 0, fmt.Errorf("%s: operation id %s appears twice", path, l.ID)
+				}
 				calls[l.ID] = l
 				order = append(order, l.ID)
 			} else {
@@ -210,8 +259,15 @@ func load(paths []string) ([]porcupine.Operation, int, error) {
 func main() {
 	timeout := flag.Duration("timeout", 120*time.Second, "give up (and fail) after this long")
 	html := flag.String("html", "", "write porcupine's visualization here on a violation")
+	runID := flag.String("run", "", "every file must belong to this run")
+	windowText := flag.String("window", "", "START,END: every clock reading must lie within")
 	flag.Parse()
-	ops, dropped, err := load(flag.Args())
+	win, err := parseWindow(*windowText)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lincheck:", err)
+		os.Exit(3)
+	}
+	ops, dropped, err := load(flag.Args(), *runID, win)
 	if err != nil || len(flag.Args()) == 0 {
 		fmt.Fprintln(os.Stderr, "lincheck: cannot read histories:", err)
 		os.Exit(3)

@@ -1,14 +1,23 @@
 """Linearizability runs: a multi-process workload under a nemesis, checked by Porcupine.
 
-    python tools/lincheck/runner.py run --scenario flips --implementation legacy --duration 8
-    python tools/lincheck/runner.py all --duration 8          # every scenario, both implementations
-    python tools/lincheck/runner.py soak --duration 600       # long; not for CI
+    python tools/lincheck/runner.py run --scenario flips --implementation legacy --min-ops 3000
+    python tools/lincheck/runner.py all --min-ops 3000     # every scenario, both implementations
+    python tools/lincheck/runner.py soak --min-ops 100000  # long; not for CI
+
+A run is sized by work, not time: workers run until the history holds `--min-ops` completed
+operations, and the nemesis injects its faults at fractions of that count, so a slow machine
+gives a longer run, never a smaller one. `--cap` (seconds) is only for a hang.
 
 Workers are separate OS processes with many asyncio clients each. Every operation is recorded
 as a "call" line (flushed before the operation starts, so SIGKILL cannot hide it) and a "ret"
-line, on CLOCK_MONOTONIC, which all processes of one host share. Legacy leader take-overs are
-recorded as `reset` operations and flips as `flip` operations, because both legitimately move
-read_ts. The histories go to the Go checker (tools/lincheck, Porcupine) and to the fast Python
+line, on CLOCK_MONOTONIC, which all processes of one host share. Each history file starts with
+the run's id, and the checker refuses files from different runs or readings outside the run.
+
+The orchestrator steers workers through `control.json` (leader designation, clock offset,
+stop). With the legacy implementation one designated worker leads at a time, as in
+production; take-overs are discrete nemesis events (recorded as `reset` operations), and a
+deposed leader serves until the storage fences it. Flips are recorded as `flip` operations.
+The histories go to the Go checker (tools/lincheck, Porcupine) and to the fast Python
 invariant checks in history.py.
 """
 
@@ -22,8 +31,8 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +45,28 @@ from localpg import LocalPostgres, free_port  # noqa: E402
 
 import tsoracle  # noqa: E402
 
-SCENARIOS = ("none", "postgres", "client-kill", "pause", "flips", "clock", "partition")
+SCENARIOS = ("none", "postgres", "client-kill", "pause", "flips", "clock", "partition",
+             "takeovers")
+LEGACY_ONLY = ("takeovers",)  # leader changes mean nothing to the distributed implementation
 TIMELINES = ("EpochMilliseconds", "counter:lin", "counter:lin2")
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
+DEFAULT_CAP_S = 600.0  # a scenario that has not finished by then hangs
+
+
+def combos(implementations: tuple[str, ...] = ("distributed", "legacy")) -> list[tuple[str, str]]:
+    """Every (scenario, implementation) pair that means something."""
+    return [(s, i) for s in SCENARIOS for i in implementations
+            if s not in LEGACY_ONLY or i == "legacy"]
 
 
 # --- the worker process --------------------------------------------------------------------
 
 class Recorder:
-    def __init__(self, path: Path, proc: int) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    def __init__(self, path: Path, proc: int, run_id: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self.proc = proc
         self.seq = 0
+        os.write(self.fd, (json.dumps({"k": "run", "run": run_id, "proc": proc}) + "\n").encode())
 
     def call(self, client: int, timeline: str, op: str, arg: int | None = None) -> str:
         self.seq += 1
@@ -66,20 +85,30 @@ class Recorder:
         os.write(self.fd, (json.dumps(rec) + "\n").encode())
 
 
-class Clock:
-    """Wall-clock milliseconds plus an offset that follows a plan of (seconds, offset_ms)."""
+class Control:
+    """What the orchestrator tells every worker: who leads, the clock offset, when to stop."""
 
-    def __init__(self, plan: list[tuple[float, int]]) -> None:
-        self.start = time.monotonic()
-        self.plan = sorted(plan)
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.state: dict[str, Any] = {"implementation": "distributed", "leader": 0,
+                                      "clock_offset_ms": 0, "stop": False}
 
-    def __call__(self) -> int:
-        elapsed = time.monotonic() - self.start
-        offset = 0
-        for at, off in self.plan:
-            if elapsed >= at:
-                offset = off
-        return time.time_ns() // 1_000_000 + offset
+    def write(self, **changes: Any) -> None:
+        self.state.update(changes)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state))
+        os.replace(tmp, self.path)  # workers never see a half-written file
+
+    def read(self) -> dict[str, Any]:
+        try:
+            self.state = json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError):
+            pass  # keep the last good state
+        return self.state
+
+
+class Standby(Exception):
+    """The legacy implementation is active and another worker is the designated leader."""
 
 
 async def proxy(listen_port: int, target: tuple[str, int], flag: Path) -> None:
@@ -140,27 +169,43 @@ async def worker(args: argparse.Namespace) -> None:
         from broken import install
 
         extra = install(args.broken)
-    rec = Recorder(Path(args.out), args.proc)
-    clock = Clock(json.loads(args.clock_plan) if args.clock_plan else [])
+    rec = Recorder(Path(args.out), args.proc, args.run)
+    control = Control(Path(args.control))
+    state = control.read()
+
+    def clock() -> int:
+        offset = state["clock_offset_ms"] if args.clock_skew else 0
+        return time.time_ns() // 1_000_000 + offset
+
     oracles: dict[str, tsoracle.TimestampOracle] = {}
     locks = {tl: asyncio.Lock() for tl in TIMELINES}
-    deadline = time.monotonic() + args.duration
+    deadline = time.monotonic() + args.cap  # only if the orchestrator died
     stats = {"ok": 0, "failed": 0}
+
+    async def follow() -> None:
+        nonlocal state
+        while not state["stop"]:
+            state = control.read()
+            await asyncio.sleep(0.02)
 
     async def get(tl: str, client: int) -> tsoracle.TimestampOracle:
         async with locks[tl]:
             if tl not in oracles:
-                op = rec.call(client, tl, "reset")
-                try:
-                    o = await tsoracle.open_oracle(url, timeline=tl, implementation=None,
-                                                   now=clock, **extra)
-                except tsoracle.OracleError:
-                    rec.ret(op, False)
-                    raise
-                if o.implementation == "legacy":
+                impl = state["implementation"]
+                if impl == "legacy" and state["leader"] != args.proc:
+                    raise Standby
+                if impl == "legacy":
+                    op = rec.call(client, tl, "reset")
+                    try:
+                        o = await tsoracle.open_oracle(url, timeline=tl, implementation=impl,
+                                                       now=clock, **extra)
+                    except tsoracle.OracleError:
+                        rec.ret(op, False)  # the take-over may have happened
+                        raise
                     rec.ret(op, True, o.resumed_at)  # type: ignore[attr-defined]
                 else:
-                    rec.ret(op, False)  # opening a distributed oracle changes no state
+                    o = await tsoracle.open_oracle(url, timeline=tl, implementation=impl,
+                                                   now=clock, **extra)
                 oracles[tl] = o
             return oracles[tl]
 
@@ -172,10 +217,13 @@ async def worker(args: argparse.Namespace) -> None:
 
     async def client(cid: int) -> None:
         rng = random.Random(cid)
-        while time.monotonic() < deadline:
+        while not state["stop"] and time.monotonic() < deadline:
             tl = rng.choice(TIMELINES)
             try:
                 o = await get(tl, cid)
+            except Standby:
+                await asyncio.sleep(0.05)
+                continue
             except tsoracle.OracleError:
                 await asyncio.sleep(0.05 + rng.random() * 0.2)
                 continue
@@ -199,20 +247,51 @@ async def worker(args: argparse.Namespace) -> None:
             except tsoracle.Fenced:
                 rec.ret(op, False)
                 stats["failed"] += 1
-                await drop(tl, o)
-                await asyncio.sleep(0.3 + rng.random() * 0.7)  # let the new leader serve a while
+                await drop(tl, o)  # a deposed leader stops; it serves again only if designated
             except tsoracle.OracleError:
                 rec.ret(op, False)
                 stats["failed"] += 1
                 await asyncio.sleep(0.01)
 
+    def dump_tasks() -> None:  # SIGUSR1: where every client waits (the runner asks on a stall)
+        for task in asyncio.all_tasks():
+            frames, coro = [], task.get_coro()
+            while coro is not None and getattr(coro, "cr_frame", None) is not None:
+                frames.append(f"{coro.cr_code.co_filename}:{coro.cr_frame.f_lineno}")
+                coro = coro.cr_await
+            print(f"task {task.get_name()}: " + " <- ".join(reversed(frames)), file=sys.stderr)
+        sys.stderr.flush()
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
+    follower = loop.create_task(follow())
     await asyncio.gather(*[client(args.proc * 100 + i) for i in range(args.clients)])
+    follower.cancel()
     for o in list(oracles.values()):
         await o.close()
     print(json.dumps(stats), flush=True)
 
 
 # --- the orchestrator ----------------------------------------------------------------------
+
+class Progress:
+    """Counts successful returns in the workers' histories as they grow (never rereads)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.offsets: dict[Path, int] = {}
+        self.ok = 0
+
+    def poll(self) -> int:
+        for path in self.out.glob("worker-*.jsonl"):
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+            whole = data.rfind(b"\n") + 1  # a line still being written is counted next time
+            self.ok += data[:whole].count(b'"ok": true')
+            self.offsets[path] = self.offsets.get(path, 0) + whole
+        return self.ok
+
 
 def checker_binary() -> Path:
     out = CACHE / "lincheck"
@@ -224,9 +303,14 @@ def checker_binary() -> Path:
     return out
 
 
-def porcupine(paths: list[Path], html: Path, timeout_s: int = 300) -> dict[str, Any]:
-    proc = subprocess.run([str(checker_binary()), "-timeout", f"{timeout_s}s", "-html",
-                           str(html), *map(str, paths)], capture_output=True, text=True)
+def porcupine(paths: list[Path], html: Path, *, run_id: str | None = None,
+              window: tuple[int, int] | None = None, timeout_s: int = 300) -> dict[str, Any]:
+    argv = [str(checker_binary()), "-timeout", f"{timeout_s}s", "-html", str(html)]
+    if run_id:
+        argv += ["-run", run_id]
+    if window:
+        argv += ["-window", f"{window[0]},{window[1]}"]
+    proc = subprocess.run([*argv, *map(str, paths)], capture_output=True, text=True)
     if proc.returncode == 3:
         raise RuntimeError(f"lincheck could not read the histories: {proc.stderr}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -243,8 +327,9 @@ def invariants(paths: list[Path]) -> tuple[list[str], int]:
             try:
                 rec = json.loads(raw)
             except json.JSONDecodeError:
-                continue
-            (calls if rec["k"] == "call" else rets)[rec["id"]] = rec
+                continue  # a line cut short by SIGKILL
+            if rec["k"] in ("call", "ret"):
+                (calls if rec["k"] == "call" else rets)[rec["id"]] = rec
     by_tl: dict[str, list[Op]] = {}
     for op_id, c in calls.items():
         r = rets.get(op_id)
@@ -265,77 +350,182 @@ def invariants(paths: list[Path]) -> tuple[list[str], int]:
     return problems, total
 
 
-def run(scenario: str, implementation: str, *, duration: float, out: Path, url: str | None = None,
-        processes: int = 4, clients: int = 4, min_ops: int = 2000,
-        broken: str | None = None) -> dict[str, Any]:
+class Stalled(Exception):
+    """The run hit its time cap before the history held enough operations: a hang."""
+
+
+class Nemesis:
+    """Faults at fractions of the run's operation count, and the controls workers follow."""
+
+    def __init__(self, scenario: str, implementation: str, *, min_ops: int, cap_s: float,
+                 url: str, out: Path, pg: LocalPostgres | None, control: Control,
+                 procs: dict[int, subprocess.Popen[bytes]], spawn: Any, processes: int,
+                 run_id: str) -> None:
+        self.scenario, self.implementation = scenario, implementation
+        self.min_ops, self.url, self.out, self.pg = min_ops, url, out, pg
+        self.control, self.procs, self.spawn, self.processes = control, procs, spawn, processes
+        self.run_id = run_id
+        self.progress = Progress(out)
+        self.started = time.monotonic_ns()
+        self.deadline = time.monotonic() + cap_s
+        self.faults: list[dict[str, Any]] = []
+        self.first_fault = 0
+        self.flag = out / "partitioned"
+
+    def fault(self, kind: str, **info: Any) -> None:
+        now = time.monotonic_ns()
+        self.first_fault = self.first_fault or now
+        self.faults.append({"fault": kind, "at_s": round((now - self.started) / 1e9, 2),
+                            "at_ops": self.progress.ok, **info})
+
+    def at(self, fraction: float) -> None:
+        """Wait until `fraction` of the run's operations have completed."""
+        while self.progress.poll() < fraction * self.min_ops:
+            if time.monotonic() > self.deadline:
+                raise Stalled(f"{self.progress.ok} of {self.min_ops} operations completed "
+                              "before the time cap")
+            time.sleep(0.02)
+
+    def lead(self, proc: int) -> None:
+        """A take-over: `proc` becomes the designated legacy leader (no effect on distributed)."""
+        self.control.write(leader=proc)
+        if self.control.state["implementation"] == "legacy":
+            self.fault("legacy take-over", leader=proc)
+
+    def run(self) -> None:
+        scenario = self.scenario
+        if scenario == "postgres":
+            assert self.pg is not None, "the postgres scenario needs the runner's own server"
+            self.at(0.25)
+            for _ in range(4):
+                self.pg.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                            " WHERE usename = 'tsoracle'")
+                self.fault("pg_terminate_backend")
+                time.sleep(0.3)
+            self.at(0.5)
+            self.fault("postgres SIGKILL")
+            pid = self.pg.crash_and_restart(down_seconds=1.0)
+            self.fault("postgres restarted after crash recovery", killed_pid=pid)
+        elif scenario == "client-kill":
+            for n, frac in enumerate((0.3, 0.6)):
+                self.at(frac)
+                self.procs[n].send_signal(signal.SIGKILL)  # worker 0 leads first, then 1
+                self.fault("client SIGKILL", process=n)
+                self.spawn(self.processes + n)
+                self.lead(n + 1)
+        elif scenario == "pause":
+            self.at(0.3)
+            self.procs[0].send_signal(signal.SIGSTOP)
+            self.fault("SIGSTOP", process=0)
+            self.lead(1)
+            time.sleep(3.0)  # longer than a legacy window (1 s): the new leader moves on
+            self.procs[0].send_signal(signal.SIGCONT)
+            self.fault("SIGCONT", process=0)
+        elif scenario == "flips":
+            rec = Recorder(self.out / "flips.jsonl", 99, self.run_id)
+            first = self.implementation
+            other = "legacy" if first == "distributed" else "distributed"
+            for frac, target in zip((0.2, 0.35, 0.5, 0.65, 0.8),
+                                    (other, first, other, first, other), strict=True):
+                self.at(frac)
+                ids = {tl: rec.call(9999, tl, "flip") for tl in TIMELINES}
+                result = asyncio.run(tsoracle.flip(self.url, to=target))
+                for tl, op in ids.items():
+                    rec.ret(op, True, result.bootstrap[tl])
+                self.control.write(implementation=target)
+                self.fault("flip", to=target, epoch=result.epoch)
+        elif scenario == "clock":
+            self.at(0.3)
+            self.control.write(clock_offset_ms=-120_000)
+            self.fault("clock -120 s on even workers")
+            self.at(0.45)
+            self.lead(1)
+            self.at(0.55)
+            self.control.write(clock_offset_ms=30_000)
+            self.fault("clock +30 s on even workers")
+            self.at(0.65)
+            self.lead(2)
+            self.at(0.8)
+            self.control.write(clock_offset_ms=0)
+            self.fault("clock back to true time")
+        elif scenario == "partition":
+            self.at(0.3)
+            self.flag.touch()
+            self.fault("partition worker 0 from PostgreSQL (connection drops)")
+            time.sleep(1.0)
+            self.lead(1)
+            time.sleep(1.5)
+            self.flag.unlink()
+            self.fault("partition healed")
+        elif scenario == "takeovers":
+            for n, frac in enumerate((0.2, 0.4, 0.6, 0.8), start=1):
+                self.at(frac)
+                self.lead(n % self.processes)
+        self.at(1.0)
+
+
+def run(scenario: str, implementation: str, *, out: Path, url: str | None = None,
+        processes: int = 4, clients: int = 4, min_ops: int = 3000,
+        cap_s: float = DEFAULT_CAP_S, broken: str | None = None) -> dict[str, Any]:
+    """One scenario until `min_ops` operations completed; `out` must be a new, empty folder."""
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} is not empty: every run needs an output folder of its own")
     out.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:12]
     pg = None
     if url is None:
         pg = LocalPostgres(out / "pg")
         url = pg.start()
-    url = f"{url}?schema=lin_{scenario.replace('-', '_')}_{implementation}_{os.getpid()}"
+    url = f"{url}?schema=lin_{scenario.replace('-', '_')}_{implementation}_{run_id}"
     asyncio.run(tsoracle.init(url, timelines=list(TIMELINES), implementation=implementation))
-    flag = out / "partitioned"
-    faults: list[dict[str, Any]] = []
-    procs: dict[int, subprocess.Popen[str]] = {}
-    history = [out / f"worker-{i}.jsonl" for i in range(processes)]
+    control = Control(out / "control.json")
+    control.write(implementation=implementation, leader=0)
+    procs: dict[int, subprocess.Popen[bytes]] = {}
 
-    def spawn(i: int, **extra: str) -> None:
-        path = out / f"worker-{i}.jsonl"
-        if path not in history:
-            history.append(path)
-        argv = [sys.executable, str(Path(__file__)), "worker", "--url", url, "--out", str(path),
-                "--proc", str(i), "--clients", str(clients), "--duration", str(duration)]
-        for key, value in extra.items():
-            argv += [f"--{key.replace('_', '-')}", value]
-        procs[i] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
-
-    for p in [*history, out / "flips.jsonl"]:
-        p.unlink(missing_ok=True)
-    clock_plan = json.dumps([[duration * 0.3, -120_000], [duration * 0.55, 30_000],
-                             [duration * 0.8, 0]])
-    for i in range(processes):
-        extra = {}
+    def spawn(i: int) -> None:
+        argv = [sys.executable, str(Path(__file__)), "worker", "--url", url,
+                "--out", str(out / f"worker-{i}.jsonl"), "--run", run_id,
+                "--control", str(control.path), "--proc", str(i), "--clients", str(clients),
+                "--cap", str(cap_s)]
         if scenario == "partition" and i == 0:
-            extra["partition_flag"] = str(flag)
+            argv += ["--partition-flag", str(out / "partitioned")]
         if scenario == "clock" and i % 2 == 0:
-            extra["clock_plan"] = clock_plan
+            argv += ["--clock-skew"]
         if broken:
-            extra["broken"] = broken
-        spawn(i, **extra)
+            argv += ["--broken", broken]
+        with open(out / f"worker-{i}.log", "ab") as log:  # a pipe nobody reads would fill up
+            procs[i] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
     started = time.monotonic_ns()
-    first_fault = [0]
-
-    def fault(kind: str, **info: Any) -> None:
-        now = time.monotonic_ns()
-        if not first_fault[0]:
-            first_fault[0] = now
-        faults.append({"fault": kind, "at_s": round((now - started) / 1e9, 2), **info})
-
+    for i in range(processes):
+        spawn(i)
+    nemesis = Nemesis(scenario, implementation, min_ops=min_ops, cap_s=cap_s, url=url, out=out,
+                      pg=pg, control=control, procs=procs, spawn=spawn, processes=processes,
+                      run_id=run_id)
     nemesis_errors: list[str] = []
-
-    def guarded() -> None:
-        try:
-            _nemesis(scenario, duration, url, pg, procs, flag, fault, spawn, out, processes)
-        except Exception as exc:  # reported in the verdict: a fault that was not injected
-            nemesis_errors.append(f"{type(exc).__name__}: {exc}")
-
-    nemesis = threading.Thread(target=guarded)
-    nemesis.start()
-    nemesis.join()
-    for p in list(procs.values()):
-        try:
-            p.wait(timeout=duration + 90)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    stalled = None
+    try:
+        nemesis.run()
+    except Stalled as exc:
+        stalled = str(exc)
+    except Exception as exc:  # reported in the verdict: a fault that was not injected
+        nemesis_errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        control.write(stop=True)
+        for p in list(procs.values()):
+            p.send_signal(signal.SIGCONT)  # a paused worker must see the stop
+            try:
+                p.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
     ended = time.monotonic_ns()
     if pg is not None:
         pg.destroy()
-    paths = [p for p in [*history, out / "flips.jsonl"] if p.exists()]
+    paths = sorted(out.glob("worker-*.jsonl")) + sorted(out.glob("flips.jsonl"))
     problems, completed = invariants(paths)
-    checked = porcupine(paths, out / "violation.html")
-    cutoff = first_fault[0] or ended
+    checked = porcupine(paths, out / "violation.html", run_id=run_id, window=(started, ended))
+    cutoff = nemesis.first_fault or ended
     before = 0
     for p in paths:
         for raw in p.read_text().splitlines():
@@ -347,15 +537,16 @@ def run(scenario: str, implementation: str, *, duration: float, out: Path, url: 
                     pass
     seconds_before = max(1e-3, (cutoff - started) / 1e9)
     enough = checked["ops"] >= min_ops
-    verdict = "pass" if (checked["exit"] == 0 and not problems and enough
+    verdict = "pass" if (checked["exit"] == 0 and not problems and enough and not stalled
                          and not nemesis_errors) else "FAIL"
     summary = {
-        "scenario": scenario, "implementation": implementation, "processes": processes,
-        "clients_per_process": clients, "ops_checked": checked["ops"],
-        "completed_ops": completed, "faults": faults,
+        "scenario": scenario, "implementation": implementation, "run": run_id,
+        "processes": processes, "clients_per_process": clients, "min_ops": min_ops,
+        "ops_checked": checked["ops"], "completed_ops": completed,
+        "seconds": round((ended - started) / 1e9, 1), "faults": nemesis.faults,
         "throughput_before_faults_ops_s": round(before / seconds_before),
         "porcupine": checked["verdict"], "porcupine_seconds": round(checked["seconds"], 2),
-        "invariant_violations": problems[:5], "enough_traffic": enough,
+        "invariant_violations": problems[:5], "enough_traffic": enough, "stalled": stalled,
         "nemesis_errors": nemesis_errors, "verdict": verdict,
     }
     if checked["exit"] == 1:
@@ -364,76 +555,16 @@ def run(scenario: str, implementation: str, *, duration: float, out: Path, url: 
     return summary
 
 
-def _nemesis(scenario: str, duration: float, url: str, pg: LocalPostgres | None,
-             procs: dict[int, subprocess.Popen[str]], flag: Path, fault: Any, spawn: Any,
-             out: Path, processes: int) -> None:
-    def at(fraction: float) -> None:
-        time.sleep(max(0.0, fraction * duration - (time.monotonic() - t0)))
-
-    t0 = time.monotonic()
-    if scenario == "postgres":
-        assert pg is not None, "the postgres scenario needs the runner's own server"
-        at(0.25)
-        for _ in range(4):
-            pg.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                   " WHERE usename = 'tsoracle'")
-            fault("pg_terminate_backend")
-            time.sleep(0.3)
-        at(0.5)
-        fault("postgres SIGKILL")
-        pid = pg.crash_and_restart(down_seconds=1.0)
-        fault("postgres restarted after crash recovery", killed_pid=pid)
-    elif scenario == "client-kill":
-        for n, frac in enumerate((0.3, 0.6)):
-            at(frac)
-            victim = procs[n]
-            victim.send_signal(signal.SIGKILL)
-            fault("client SIGKILL", process=n)
-            spawn(processes + n)
-    elif scenario == "pause":
-        at(0.3)
-        procs[1].send_signal(signal.SIGSTOP)
-        fault("SIGSTOP", process=1)
-        time.sleep(3.0)  # longer than a legacy window (1 s): others take over meanwhile
-        procs[1].send_signal(signal.SIGCONT)
-        fault("SIGCONT", process=1)
-    elif scenario == "flips":
-        hist = out / "flips.jsonl"
-        rec = Recorder(hist, 99)
-        first = asyncio.run(tsoracle.status(url)).deployment.implementation
-        other = "legacy" if first == "distributed" else "distributed"
-        for frac, target in zip((0.2, 0.35, 0.5, 0.65, 0.8),
-                                (other, first, other, first, other), strict=True):
-            at(frac)
-            ids = {tl: rec.call(9999, tl, "flip") for tl in TIMELINES}
-            result = asyncio.run(tsoracle.flip(url, to=target))
-            for tl, op in ids.items():
-                rec.ret(op, True, result.bootstrap[tl])
-            fault("flip", to=target, epoch=result.epoch)
-    elif scenario == "clock":
-        at(0.3)
-        fault("clock -120 s on even workers")
-        at(0.55)
-        fault("clock +30 s on even workers")
-        at(0.8)
-        fault("clock back to true time")
-    elif scenario == "partition":
-        at(0.3)
-        flag.touch()
-        fault("partition worker 0 from PostgreSQL (connection drops)")
-        time.sleep(2.5)
-        flag.unlink()
-        fault("partition healed")
-
-
 def print_summary(s: dict[str, Any]) -> None:
     print(f"[{s['verdict']}] {s['scenario']:<12} {s['implementation']:<11} "
-          f"ops checked {s['ops_checked']:>6}  throughput before faults "
-          f"{s['throughput_before_faults_ops_s']:>5}/s  faults {len(s['faults'])}  "
+          f"ops checked {s['ops_checked']:>6} in {s['seconds']:>5} s  throughput before "
+          f"faults {s['throughput_before_faults_ops_s']:>5}/s  faults {len(s['faults'])}  "
           f"porcupine {s['porcupine']} ({s['porcupine_seconds']} s)  invariants "
           f"{'ok' if not s['invariant_violations'] else s['invariant_violations']}", flush=True)
     for f in s["faults"]:
         print(f"      {f}", flush=True)
+    if s["stalled"]:
+        print(f"      stalled: {s['stalled']}", flush=True)
 
 
 def main() -> int:
@@ -442,17 +573,21 @@ def main() -> int:
     w = sub.add_parser("worker")
     w.add_argument("--url", required=True)
     w.add_argument("--out", required=True)
+    w.add_argument("--run", required=True)
+    w.add_argument("--control", required=True)
     w.add_argument("--proc", type=int, required=True)
-    w.add_argument("--clients", type=int, default=8)
-    w.add_argument("--duration", type=float, default=8)
+    w.add_argument("--clients", type=int, default=4)
+    w.add_argument("--cap", type=float, default=DEFAULT_CAP_S)
     w.add_argument("--partition-flag")
-    w.add_argument("--clock-plan")
+    w.add_argument("--clock-skew", action="store_true", help="follow the control clock offset")
     w.add_argument("--broken", help="run a deliberately broken oracle (checker self-test)")
     for name in ("run", "all", "soak"):
         r = sub.add_parser(name)
-        r.add_argument("--duration", type=float, default=8 if name != "soak" else 600)
-        r.add_argument("--out", default=str(ROOT / ".lincheck"))
-        r.add_argument("--min-ops", type=int, default=2000)
+        r.add_argument("--min-ops", type=int, default=3000 if name != "soak" else 100_000,
+                       help="operations each scenario completes before it stops")
+        r.add_argument("--cap", type=float, default=DEFAULT_CAP_S * (1 if name != "soak" else 20),
+                       help="seconds after which a scenario counts as hung")
+        r.add_argument("--out", help="a new folder (default: .lincheck/<time>-<pid>)")
         r.add_argument("--processes", type=int, default=4)
         r.add_argument("--clients", type=int, default=4)
         if name == "run":
@@ -463,15 +598,20 @@ def main() -> int:
     if a.cmd == "worker":
         asyncio.run(worker(a))
         return 0
-    combos = ([(a.scenario, a.implementation)] if a.cmd == "run" else
-              [(s, i) for s in SCENARIOS for i in ("distributed", "legacy")])
+    todo = ([(a.scenario, a.implementation)] if a.cmd == "run" else combos())
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    base = Path(a.out) if a.out else ROOT / ".lincheck" / stamp
     failed = 0
-    for scenario, impl in combos:
-        s = run(scenario, impl, duration=a.duration, out=Path(a.out) / f"{scenario}-{impl}",
-                processes=a.processes, clients=a.clients, min_ops=a.min_ops)
+    for scenario, impl in todo:
+        try:
+            s = run(scenario, impl, out=base / f"{scenario}-{impl}", processes=a.processes,
+                    clients=a.clients, min_ops=a.min_ops, cap_s=a.cap)
+        except ValueError as exc:
+            print(f"lincheck: error: {exc}", file=sys.stderr)
+            return 2
         print_summary(s)
         failed += s["verdict"] != "pass"
-    print(f"{len(combos) - failed} passed, {failed} failed")
+    print(f"{len(todo) - failed} passed, {failed} failed; histories in {base}")
     return 1 if failed else 0
 
 

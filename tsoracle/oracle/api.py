@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
-from tsoracle.errors import ConfigError, Fenced, OracleError, ReadOnly
+from tsoracle.errors import ConfigError, Fenced, OracleClosed, OracleError, ReadOnly
 from tsoracle.fencing import Deployment
 from tsoracle.oracle import metrics
 from tsoracle.oracle.timeline import Timeline
@@ -69,6 +70,11 @@ class TimestampOracle(ABC):
         self._read_latency = self._latency["read_ts"]
         self._queries: dict[str, metrics.CounterChild] = {}
         self._lag_key = (timeline.name,) if timeline.wall_clock else None
+        # close() waits for operations in flight instead of pulling connections from under them
+        self._closed = False
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         metrics.EPOCH.set((timeline.name,), deployment.epoch)
 
     @property
@@ -100,11 +106,14 @@ class TimestampOracle(ABC):
         # The hottest call of all: instrumented inline rather than through _observe.
         self._read_started.inc()
         start = time.perf_counter()
+        self._enter()
         try:
             ts = await self._read_ts()
         except OracleError as exc:
             self._failed("read_ts", exc)
             raise
+        finally:
+            self._leave()
         self._read_latency.observe(time.perf_counter() - start)
         self._read_ok.inc()
         if self._lag_key is not None:
@@ -126,7 +135,31 @@ class TimestampOracle(ABC):
             self._confirm_latency.observe(time.perf_counter() - start)
 
     async def close(self) -> None:
+        """Refuse new operations, let those in flight finish, then release the connections.
+
+        Safe to call while other tasks still use the oracle (reopen-on-fence does): they get
+        OracleClosed or their answer, never a connection closed under a running statement.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        await self._idle.wait()  # in-flight operations are bounded by the retry budget
+        await self._close_resources()
+
+    async def _close_resources(self) -> None:
+        """Close what this oracle holds; subclasses add their own before calling this."""
         await self.backend.close()
+
+    def _enter(self) -> None:
+        if self._closed:
+            raise OracleClosed()
+        self._inflight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle.set()
 
     async def __aenter__(self) -> TimestampOracle:
         return self
@@ -143,11 +176,14 @@ class TimestampOracle(ABC):
     async def _observe(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
         self._started[op].inc()
         start = time.perf_counter()
+        self._enter()
         try:
             result = await fn()
         except OracleError as exc:
             self._failed(op, exc)
             raise
+        finally:
+            self._leave()
         self._latency[op].observe(time.perf_counter() - start)
         self._ok[op].inc()
         return result

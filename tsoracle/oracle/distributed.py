@@ -55,10 +55,10 @@ class DistributedOracle(TimestampOracle):
         self.count_query(name)
         return await self._pinned[name].fetch(self._sql[name], self._base)
 
-    async def close(self) -> None:
+    async def _close_resources(self) -> None:
         for pinned in self._pinned.values():
             await pinned.close()
-        await super().close()
+        await super()._close_resources()
 
     async def _write_ts(self) -> WriteTimestamp:
         now = self.now() if self.timeline.wall_clock else 0

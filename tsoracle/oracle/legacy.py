@@ -119,8 +119,8 @@ class LegacyOracle(TimestampOracle):
         except Exception:  # the next caller that needs the window sees the error itself
             pass
 
-    async def close(self) -> None:
+    async def _close_resources(self) -> None:
         if self._prefetch is not None and not self._prefetch.done():
             self._prefetch.cancel()
         await self.leadership.close()
-        await super().close()
+        await super()._close_resources()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tsoracle.errors import ConfigError, Fenced
+from tsoracle.extras import needs_extra
 from tsoracle.oracle import TimestampOracle, open_oracle, parse_timeline
 from tsoracle.oracle.connect import open_instrumented_backend
 from tsoracle.oracle.sync import LoopThread
@@ -62,7 +63,8 @@ class OracleClient:
                       kubeconfig: str | None = None, timeline: str | None = None,
                       **kwargs: Any) -> OracleClient:
         """Find the oracle through a TimestampOracle resource: its Secret and its status."""
-        from kubernetes import client, config
+        with needs_extra("operator", "finding the oracle through a TimestampOracle resource"):
+            from kubernetes import client, config
 
         from tsoracle.operator.kube import read_secret_url_sync
         from tsoracle.operator.model import GROUP, PLURAL, VERSION, parse_spec, with_schema

@@ -10,7 +10,7 @@ import psycopg
 import psycopg_pool
 from psycopg import errors as pgerr
 
-from tsoracle.errors import NotInitialized, OracleError, OracleUnavailable
+from tsoracle.errors import NotInitialized, OracleClosed, OracleError, OracleUnavailable
 from tsoracle.store.backend import Backend, Pinned, Rows, Tx
 from tsoracle.store.dialect import PostgresDialect
 from tsoracle.store.retry import GaveUp, retrying
@@ -150,7 +150,7 @@ class PostgresBackend(Backend):
 
     def _pool(self) -> psycopg_pool.AsyncConnectionPool:
         if self.pool is None:
-            raise OracleUnavailable("backend is closed; open a new oracle with tsoracle.connect")
+            raise OracleClosed()
         return self.pool
 
     async def _run(self, once: Callable[[], Awaitable[T]]) -> T:
@@ -169,6 +169,8 @@ class PostgresBackend(Backend):
             raise self._translate(exc) from None
 
     def _translate(self, exc: psycopg.Error) -> OracleError:
+        if isinstance(exc, psycopg_pool.PoolClosed):
+            return OracleClosed()
         if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName):
             return NotInitialized(
                 f"schema {self.url.schema!r} is not provisioned in {self.url.safe}; "
@@ -193,6 +195,8 @@ def transient_reason(exc: BaseException) -> str | None:
     """Name the kind of a retryable failure, or None if retrying cannot help."""
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return "pool_timeout"
+    if isinstance(exc, psycopg_pool.PoolClosed):
+        return None  # closed on purpose: retrying would only wait out the budget
     if isinstance(exc, pgerr.SerializationFailure):
         return "serialization_failure"
     if isinstance(exc, pgerr.StatementCompletionUnknown):

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from tsoracle.errors import NotInitialized, OracleError, OracleUnavailable
+from tsoracle.errors import NotInitialized, OracleClosed, OracleError, OracleUnavailable
 from tsoracle.store.backend import Backend, Rows, Tx
 from tsoracle.store.dialect import SqliteDialect
 from tsoracle.store.retry import GaveUp, retrying
@@ -117,12 +117,12 @@ class SqliteBackend(Backend):
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            raise OracleUnavailable("backend is closed; open a new oracle with tsoracle.connect")
+            raise OracleClosed()
         return self._conn
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:  # say so plainly instead of the executor's RuntimeError
-            raise OracleUnavailable("this oracle is closed; open a new one with tsoracle.connect")
+            raise OracleClosed()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, fn, *args)
 

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from history import check, load
+from support.workload import Workload
 
 import tsoracle
 
 COUNTER = "counter:fence"
-WORKLOAD = Path(__file__).parent / "support" / "workload.py"
 
 
 async def test_stale_leader_anomaly_without_the_epoch_check(url):
@@ -101,30 +98,24 @@ async def test_rollout_mode_fences_only_during_the_rollout(url):
 async def test_flip_under_concurrent_load(url, tmp_path):
     """legacy -> distributed -> legacy while two processes allocate and read."""
     await tsoracle.init(url, timelines=[COUNTER], implementation="legacy")
-    procs = []
-    for i in range(2):
-        out = tmp_path / f"h{i}.jsonl"
-        procs.append((out, subprocess.Popen(
-            [sys.executable, str(WORKLOAD), url, str(out), "--seconds", "5", "--concurrency",
-             "16", "--timeline", COUNTER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)))
+    workers = [Workload(url, tmp_path / f"h{i}.jsonl", concurrency=16, timeline=COUNTER)
+               for i in range(2)]
     flips = []
     epoch = (await tsoracle.status(url)).deployment.epoch
-    for target in ("distributed", "legacy", "distributed", "legacy"):
-        await asyncio.sleep(1)
+    for n, target in enumerate(("distributed", "legacy", "distributed", "legacy"), start=1):
+        for w in workers:  # both serve (or were fenced and reopened) between flips
+            await asyncio.to_thread(w.wait_for_ops, 100 * n)
         started = time.monotonic_ns()
         result = await tsoracle.flip(url, to=target)
         assert result.changed and result.epoch == epoch + 1
         epoch = result.epoch
         flips.append((started, result.bootstrap[COUNTER]))
-    fenced = 0
-    for _, p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        fenced += int(out.strip().rsplit('"fenced": ', 1)[1].split(",")[0])
-    ops = load(out for out, _ in procs)
+    for w in workers:
+        await asyncio.to_thread(w.wait_for_ops, 100 * 5)
+    fenced = sum(w.finish()["fenced"] for w in workers)
+    ops = load(w.out for w in workers)
     assert fenced >= 2  # processes on the old implementation were told so
-    assert len(ops) > 300
+    assert len(ops) >= 2 * 500
     assert check(ops) == []
     for started, bootstrap in flips:
         before = [o.value for o in ops if o.end < started]

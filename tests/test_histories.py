@@ -2,39 +2,29 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 from history import Op, check, load
-from support.workload import Recorder
+from support.workload import Recorder, Workload
 
 import tsoracle
 
-WORKLOAD = Path(__file__).parent / "support" / "workload.py"
 TIMELINE = "counter:history"
 
 
-def run_workers(url: str, tmp: Path, n: int, seconds: float, concurrency: int) -> list[Op]:
-    procs = []
-    for i in range(n):
-        out = tmp / f"history-{i}.jsonl"
-        procs.append((out, subprocess.Popen(
-            [sys.executable, str(WORKLOAD), url, str(out), "--seconds", str(seconds),
-             "--concurrency", str(concurrency), "--timeline", TIMELINE],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    for _, p in procs:
-        out, err = p.communicate(timeout=seconds + 120)
-        assert p.returncode == 0, err
-        assert json.loads(out.strip().splitlines()[-1])["errors"] == 0
-    return load(out for out, _ in procs)
+def run_workers(url: str, tmp: Path, n: int, ops_each: int, concurrency: int) -> list[Op]:
+    workers = [Workload(url, tmp / f"history-{i}.jsonl", concurrency=concurrency,
+                        timeline=TIMELINE, min_ops=ops_each) for i in range(n)]
+    for w in workers:
+        assert w.wait()["errors"] == 0
+    return load(w.out for w in workers)
 
 
 async def test_four_processes_share_a_distributed_timeline(url, tmp_path):
     await tsoracle.init(url, timelines=[TIMELINE])
-    ops = run_workers(url, tmp_path, n=4, seconds=3, concurrency=32)
+    ops = run_workers(url, tmp_path, n=4, ops_each=300, concurrency=32)
     assert len({o.proc for o in ops}) == 4
+    assert len(ops) >= 4 * 300
     assert sum(o.kind == "write" for o in ops) > 200
     assert sum(o.kind == "read" for o in ops) > 200
     assert check(ops) == []
@@ -43,9 +33,10 @@ async def test_four_processes_share_a_distributed_timeline(url, tmp_path):
 async def test_legacy_leader_history_with_many_callers(url, tmp_path):
     await tsoracle.init(url, timelines=[TIMELINE], implementation="legacy")
     rec = Recorder(url, TIMELINE, "legacy", "leader")
-    await rec.run(seconds=2, concurrency=64)
+    await rec.run(64, min_ops=600)
+    assert not rec.capped
     assert rec.fenced == 0
-    assert len(rec.ops) > 500
+    assert len(rec.ops) >= 600
     assert check(rec.ops) == []
 
 

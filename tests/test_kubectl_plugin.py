@@ -21,7 +21,9 @@ def plugin(kube, tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     wrapper = bindir / "kubectl-tsoracle"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tsoracle.kubectl "$@"\n')
+    # The console script pip installs: the same entry point, under this test's interpreter.
+    entry = "import sys; from tsoracle.cli import kubectl_main; sys.exit(kubectl_main())"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{entry}" "$@"\n')
     wrapper.chmod(0o755)
     env = {**kube.env(), "PATH": f"{bindir}:{os.environ['PATH']}"}
 

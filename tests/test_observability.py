@@ -91,7 +91,7 @@ def test_every_panel_and_alert_returns_data_and_an_alert_fires(kube, oracle_ns, 
     asyncio.run(tsoracle.init(url, timelines=["EpochMilliseconds", "counter:obs"]))
     wport = free_port()
     workload = subprocess.Popen([sys.executable, str(ROOT / "tests/support/metrics_workload.py"),
-                                 url, str(wport), "300"], stdout=subprocess.DEVNULL,
+                                 url, str(wport), "3600"], stdout=subprocess.DEVNULL,
                                 stderr=open(tmp_path / "workload.log", "w"))
     try:
         # The operator side: a flip and a resource whose Secret is missing.
@@ -111,7 +111,7 @@ def test_every_panel_and_alert_returns_data_and_an_alert_fires(kube, oracle_ns, 
         exprs += [e for signals in ALERT_SIGNALS.values() for e in signals]
         assert set(ALERT_SIGNALS) == {a[0] for a in ALERTS}
         missing: list[str] = exprs
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180  # a [30m:1m] subquery waits for a minute boundary
         while missing and time.monotonic() < deadline:
             own.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE usename = 'tsoracle'")  # lost connections: retries
@@ -129,7 +129,7 @@ def test_every_panel_and_alert_returns_data_and_an_alert_fires(kube, oracle_ns, 
             render_all(pport, Path(os.environ["TSORACLE_RENDER_DOCS"]))
         # The fault: the backend goes away; TsoracleOperationsFailing must fire.
         own.stop()
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180
         firing = []
         while not firing and time.monotonic() < deadline:
             time.sleep(2)

@@ -6,19 +6,18 @@ import asyncio
 import base64
 import json
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 from history import check, load
 from support.kube import Operator, condition, is_ready
+from support.workload import Workload
 
 import tsoracle
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"
-WORKLOAD = ROOT / "tests" / "support" / "workload.py"
 
 
 def test_chart_rbac_is_sufficient_and_no_wider(kube, chart, oracle_ns):
@@ -77,14 +76,11 @@ def test_flip_back_and_forth_under_client_load(kube, oracle_ns, tmp_path):
     kube.wait_tso(ns, "orders", is_ready)
     url = oracle_ns.url + "?schema=tsoracle_orders"
     out = tmp_path / "client.jsonl"
-    client = subprocess.Popen(
-        [sys.executable, str(WORKLOAD), url, str(out), "--seconds", "10", "--concurrency", "8",
-         "--timeline", "counter:orders"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    time.sleep(2)
+    client = Workload(url, out, concurrency=8, timeline="counter:orders")
+    client.wait_for_ops(100)
     flips = []
     epoch = 1
-    for target in ("legacy", "distributed"):
+    for n, target in enumerate(("legacy", "distributed"), start=2):
         started = time.monotonic_ns()
         kube.kubectl("-n", ns, "patch", "tso", "orders", "--type", "merge", "-p",
                      json.dumps({"spec": {"implementation": target}}))
@@ -93,13 +89,11 @@ def test_flip_back_and_forth_under_client_load(kube, oracle_ns, tmp_path):
         assert obj["status"]["activeImplementation"] == target
         epoch += 1
         flips.append((started, int(obj["status"]["bootstrapTimestamp"]["counter:orders"])))
-        time.sleep(2)
-    stdout, stderr = client.communicate(timeout=60)
-    assert client.returncode == 0, stderr
-    summary = json.loads(stdout.strip().splitlines()[-1])
+        client.wait_for_ops(100 * n)  # it goes on after the flip (reopened if fenced)
+    summary = client.finish()
     assert summary["fenced"] >= 1  # clients on the old epoch were told to reopen
     ops = load([out])
-    assert len(ops) > 200
+    assert len(ops) >= 300
     assert check(ops) == []
     for started, bootstrap in flips:
         before = [o.value for o in ops if o.end < started]
@@ -197,7 +191,11 @@ def test_operator_restart_mid_flip_finishes_it_exactly_once(kube, chart, databas
         obj = kube.wait_tso(ns, "orders", lambda o: is_ready(o) and o["status"]["epoch"] == 2,
                             what="resumed flip")
         assert obj["status"]["activeImplementation"] == "legacy"
-        time.sleep(2)  # give a second (wrong) flip the chance to happen
+        # Two more passes (periodic, every statusRefreshSeconds): chances for a wrong 2nd flip.
+        healthy.wait_reconciles(healthy.reconciles() + 2)
+        deadline = time.monotonic() + 60  # Events are posted in the background
+        while not kube.events(ns, "Flipped") and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert asyncio.run(tsoracle.status(url)).deployment.epoch == 2
         assert kube.tso(ns, "orders")["status"]["epoch"] == 2
         assert len(kube.events(ns, "Flipped")) == 1

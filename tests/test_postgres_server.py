@@ -48,13 +48,26 @@ def own_pg(tmp_path):
     server.destroy()
 
 
+async def _wait_for_ops(rec: Recorder, n: int, work: asyncio.Task[None]) -> None:
+    async with asyncio.timeout(300):  # only a hang reaches this
+        while len(rec.ops) < n:
+            assert not work.done(), "the workload ended early"
+            await asyncio.sleep(0.01)
+
+
 async def _run_with_fault(url: str, fault, impl: str = "distributed"):
+    """Fault a running workload; it must go on for 100 more operations afterwards."""
     rec = Recorder(url, COUNTER, impl, "faulty")
-    work = asyncio.create_task(rec.run(seconds=6, concurrency=32))
-    await asyncio.sleep(1.5)
+    stop = asyncio.Event()
+    work = asyncio.create_task(rec.run(32, stop=stop.is_set))
+    await _wait_for_ops(rec, 100, work)
     before = len(rec.ops)
-    await fault()
+    await fault(rec)
+    after = len(rec.ops)
+    await _wait_for_ops(rec, after + 100, work)
+    stop.set()
     await work
+    assert not rec.capped
     return rec, before
 
 
@@ -63,14 +76,17 @@ async def test_killed_backend_connections_are_retried(own_pg, impl):
     url = own_pg.url()
     await tsoracle.init(url, timelines=[COUNTER], implementation=impl)
 
-    async def kill_repeatedly():
+    async def kill_repeatedly(rec: Recorder):
         for _ in range(5):
-            killed = own_pg.sql(
+            killed = await asyncio.to_thread(
+                own_pg.sql,
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE usename = 'tsoracle' AND pid <> pg_backend_pid()"
             )
             assert killed
-            await asyncio.sleep(0.3)
+            done = len(rec.ops)
+            while len(rec.ops) < done + 20:  # reconnected and serving before the next kill
+                await asyncio.sleep(0.01)
 
     rec, before = await _run_with_fault(url, kill_repeatedly, impl)
     assert rec.errors == 0 and rec.fenced == 0
@@ -84,7 +100,7 @@ async def test_postgres_restart_mid_run(own_pg):
     url = own_pg.url()
     await tsoracle.init(url, timelines=[COUNTER])
 
-    async def restart():
+    async def restart(rec: Recorder):
         await asyncio.to_thread(own_pg.restart)
 
     rec, before = await _run_with_fault(url, restart)

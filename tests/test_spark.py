@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,9 @@ def test_multi_writer_hazard_is_ruled_out(setup, spark, url, tmp_path):
     result: dict[str, int] = {}
     a_thread = threading.Thread(target=lambda: result.update(a=table.append(rows(spark, 1, 5))))
     a_thread.start()
+    deadline = time.monotonic() + 300  # only a hang reaches this
     while not a_ts:
+        assert time.monotonic() < deadline and a_thread.is_alive(), "A never allocated"
         time.sleep(0.01)
     b_commit = b_table.append(rows(spark, 2, 7))
     assert b_commit > a_ts[0]
@@ -146,15 +149,24 @@ def test_flip_during_a_running_pipeline(setup, spark, url):
             commits.append((after, table.append(rows(spark, 1, 2, i))))
             i += 2
 
+    def wait_until(what: str, predicate: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 300  # only a hang reaches this
+        while not predicate():
+            assert worker.is_alive(), "the pipeline thread died"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)
+
     worker = threading.Thread(target=pipeline)
     worker.start()
-    time.sleep(3)
+    wait_until("a commit before the flip", lambda: len(commits) >= 1)
     before_epoch = client.epoch()
     result = asyncio.run(tsoracle.flip(url, to="legacy"))
     flipped.set()
-    time.sleep(3)
+    wait_until("two commits started after the flip",
+               lambda: sum(started_after for started_after, _ in commits) >= 2)
     stop.set()
-    worker.join(60)
+    worker.join(300)
+    assert not worker.is_alive()
     assert client.epoch() == result.epoch == before_epoch + 1
     assert client.implementation() == "legacy" and client.reopens >= 1
     stamps = [ts for _, ts in commits]

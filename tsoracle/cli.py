@@ -220,13 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "demo":
-            with needs_extra("spark", "`tsoracle demo`"):
+            with needs_extra("spark", "`tsoracle demo`"):  # the demo imports Spark lazily
                 from tsoracle.spark.demo import run_demo
-            return run_demo(writers=args.writers, batches=args.batches, rows=args.rows,
-                            data_dir=args.data_dir)
+
+                return run_demo(writers=args.writers, batches=args.batches, rows=args.rows,
+                                data_dir=args.data_dir)
         if args.command == "operator":
             with needs_extra("operator", "`tsoracle operator`"):
                 from tsoracle.operator.main import run_operator
+
             run_operator(namespaces=args.namespaces, liveness_port=args.liveness_port,
                          metrics_port=args.metrics_port, bind=args.bind)
             return 0

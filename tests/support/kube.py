@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,20 @@ class Operator:
                  str(self.metrics_port), "--bind", "127.0.0.1"],
                 stdout=log, stderr=subprocess.STDOUT, env=env)
         return self
+
+    def reconciles(self) -> float:
+        """Successful reconcile passes so far, from the operator's own /metrics."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            text = resp.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith('tsoracle_operator_reconciles_total{result="ok"}'))
+
+    def wait_reconciles(self, at_least: float, cap: float = 120) -> None:
+        deadline = time.monotonic() + cap  # only a hang reaches this
+        while self.reconciles() < at_least:
+            assert time.monotonic() < deadline, f"fewer than {at_least} reconcile passes"
+            time.sleep(0.2)
 
     def wait_exit(self, timeout: float = 60) -> int:
         assert self.proc is not None

@@ -1,8 +1,10 @@
-"""A history-recording workload: C concurrent callers in one process, for a fixed time.
+"""A history-recording workload: C concurrent callers in one process, sized by work done.
 
-Run as a script so tests can start several OS processes:
-    python tests/support/workload.py URL OUT --seconds 3 --concurrency 32 [--implementation X]
-On Fenced (a flip happened) it reopens on the active implementation and goes on.
+Run as a script so tests can start several OS processes (`Workload` below does that):
+    python tests/support/workload.py URL OUT --concurrency 32 [--min-ops N] [--stop-file F]
+        [--progress-file F] [--implementation X]
+It stops when it has N operations or when the stop file appears; `--cap` seconds only ends a
+hang. On Fenced (a flip happened) it reopens on the active implementation and goes on.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
@@ -24,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tools" /
 from history import Op  # noqa: E402
 
 import tsoracle  # noqa: E402
+
+CAP_S = 300.0  # seconds; only a hang reaches it
 
 
 class Recorder:
@@ -38,6 +45,7 @@ class Recorder:
         self.oracle: tsoracle.TimestampOracle | None = None
         self._reopen = asyncio.Lock()
         self._stale: list[tsoracle.TimestampOracle] = []
+        self.capped = False
 
     async def current(self) -> tsoracle.TimestampOracle:
         if self.oracle is None:
@@ -54,9 +62,9 @@ class Recorder:
                 self.oracle = None
                 self._stale.append(stale)  # callers may still hold it; close at the end
 
-    async def caller(self, deadline: float, seed: int) -> None:
+    async def caller(self, done: Callable[[], bool], seed: int) -> None:
         rng = random.Random(seed)
-        while time.monotonic() < deadline:
+        while not done():
             try:
                 oracle = await self.current()
             except tsoracle.Fenced:
@@ -84,9 +92,23 @@ class Recorder:
             except tsoracle.OracleUnavailable:
                 self.errors += 1
 
-    async def run(self, seconds: float, concurrency: int) -> None:
-        deadline = time.monotonic() + seconds
-        await asyncio.gather(*[self.caller(deadline, i) for i in range(concurrency)])
+    async def run(self, concurrency: int, *, min_ops: int | None = None,
+                  stop: Callable[[], bool] | None = None, cap: float = CAP_S) -> None:
+        """Run until `min_ops` operations are recorded or `stop()` is true; `cap` seconds is
+        only for a hang (then `capped` is set and the test fails on it)."""
+        deadline = time.monotonic() + cap
+
+        def done() -> bool:
+            if min_ops is not None and len(self.ops) >= min_ops:
+                return True
+            if stop is not None and stop():
+                return True
+            if time.monotonic() > deadline:
+                self.capped = True
+                return True
+            return False
+
+        await asyncio.gather(*[self.caller(done, i) for i in range(concurrency)])
         for oracle in [*self._stale, self.oracle]:
             if oracle is not None:
                 await oracle.close()
@@ -98,19 +120,93 @@ def write_history(ops: list[Op], out: Path) -> None:
             f.write(json.dumps(asdict(op)) + "\n")
 
 
+class Workload:
+    """The script above as a separate OS process, steered through files."""
+
+    def __init__(self, url: str, out: Path, *, concurrency: int, timeline: str,
+                 implementation: str | None = None, min_ops: int | None = None) -> None:
+        self.out = out
+        self.stop_file = out.with_suffix(".stop")
+        self.progress_file = out.with_suffix(".progress")
+        self.log = out.with_suffix(".log")
+        argv = [sys.executable, __file__, url, str(out), "--concurrency", str(concurrency),
+                "--timeline", timeline, "--stop-file", str(self.stop_file),
+                "--progress-file", str(self.progress_file)]
+        if implementation:
+            argv += ["--implementation", implementation]
+        if min_ops is not None:
+            argv += ["--min-ops", str(min_ops)]
+        with open(self.log, "wb") as log:  # a pipe nobody reads could fill and stall it
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def ops(self) -> int:
+        try:
+            return int(self.progress_file.read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def wait_for_ops(self, n: int, cap: float = CAP_S) -> None:
+        """Block until the process has recorded `n` operations (fails on exit or a hang)."""
+        deadline = time.monotonic() + cap
+        while self.ops() < n:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"workload exited early: {self.log.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"workload stuck at {self.ops()} of {n} operations")
+            time.sleep(0.02)
+
+    def finish(self) -> dict[str, Any]:
+        """Ask it to stop; returns its summary (ops, fenced, errors, capped)."""
+        self.stop_file.touch()
+        return self.wait()
+
+    def wait(self) -> dict[str, Any]:
+        returncode = self.proc.wait(timeout=CAP_S)
+        text = self.log.read_text()
+        assert returncode == 0, text[-3000:]
+        summary: dict[str, Any] = json.loads(text.strip().splitlines()[-1])
+        assert not summary["capped"], "the workload hit its time cap: a hang"
+        return summary
+
+
+async def _report_progress(rec: Recorder, path: Path) -> None:
+    while True:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(len(rec.ops)))
+        os.replace(tmp, path)
+        await asyncio.sleep(0.02)
+
+
+async def _main(a: argparse.Namespace) -> Recorder:
+    rec = Recorder(a.url, a.timeline, a.implementation, f"pid{os.getpid()}")
+    reporter = None
+    if a.progress_file:
+        reporter = asyncio.get_running_loop().create_task(_report_progress(rec, a.progress_file))
+    stop = (lambda: a.stop_file.exists()) if a.stop_file else None
+    await rec.run(a.concurrency, min_ops=a.min_ops, stop=stop, cap=a.cap)
+    if reporter is not None:
+        reporter.cancel()
+    return rec
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("url")
     p.add_argument("out", type=Path)
-    p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--min-ops", type=int)
+    p.add_argument("--stop-file", type=Path)
+    p.add_argument("--progress-file", type=Path)
+    p.add_argument("--cap", type=float, default=CAP_S)
     p.add_argument("--timeline", default="counter:history")
     p.add_argument("--implementation", default=None)
     a = p.parse_args()
-    rec = Recorder(a.url, a.timeline, a.implementation, f"pid{os.getpid()}")
-    asyncio.run(rec.run(a.seconds, a.concurrency))
+    if a.min_ops is None and a.stop_file is None:
+        p.error("give --min-ops or --stop-file: the run is sized by work, not time")
+    rec = asyncio.run(_main(a))
     write_history(rec.ops, a.out)
-    print(json.dumps({"ops": len(rec.ops), "fenced": rec.fenced, "errors": rec.errors}))
+    print(json.dumps({"ops": len(rec.ops), "fenced": rec.fenced, "errors": rec.errors,
+                      "capped": rec.capped}))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A real local control plane: PostgreSQL, etcd and kube-apiserver on free loopback ports.
 
     python tools/controlplane/cluster.py up [STATE_DIR]     # last line: export KUBECONFIG=…
-    python tools/controlplane/cluster.py down [STATE_DIR]
+    python tools/controlplane/cluster.py down [STATE_DIR]   # stop; etcd and PostgreSQL data stay
+    python tools/controlplane/cluster.py down --purge [STATE_DIR]   # stop and delete all state
 
 etcd and kube-apiserver are built from Go modules (see the go.mod files beside this script) and
 cached by version under ~/.cache/tsoracle. `up` is idempotent: it reuses running processes.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -189,7 +191,9 @@ class ControlPlane:
         }, indent=2))
         self.kubeconfig.chmod(0o600)
 
-    def down(self) -> None:
+    def down(self, purge: bool = False) -> None:
+        """Stop every process; `purge` also deletes etcd's and PostgreSQL's data and the keys,
+        so the next `up` starts an empty cluster (no CRD or release left from earlier runs)."""
         for pid in self.info().get("pids", {}).values():
             if _alive(int(pid)):
                 os.kill(int(pid), signal.SIGTERM)
@@ -203,6 +207,8 @@ class ControlPlane:
             self.info_file.unlink()
         if self.with_postgres:
             self.pg.stop()
+        if purge:
+            shutil.rmtree(self.state, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
@@ -213,10 +219,15 @@ def main(argv: list[str]) -> int:
         print(build("etcd", ETCD_VERSION))
         print(build("kube-apiserver", K8S_VERSION))
         return 0
-    cp = ControlPlane(argv[1] if len(argv) > 1 else DEFAULT_STATE)
+    purge = "--purge" in argv[1:]
+    rest = [a for a in argv[1:] if a != "--purge"]
+    if purge and argv[0] != "down" or any(a.startswith("-") for a in rest) or len(rest) > 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cp = ControlPlane(rest[0] if rest else DEFAULT_STATE)
     if argv[0] == "down":
-        cp.down()
-        print("dev cluster stopped")
+        cp.down(purge=purge)
+        print(f"dev cluster stopped{'; its state deleted' if purge else ''}")
         return 0
     kubeconfig = cp.up()
     print(f"postgres: {cp.info()['postgres_url']}")

@@ -44,6 +44,9 @@ def test_init_ts_status_flip(url):
     (["status", "--url", "postgresql://u:pw-secret@127.0.0.1:1/db"], "cannot connect"),
     (["ts", "read", "--timeline", "bogus"], "unknown timeline"),
     (["ts", "apply"], "needs the timestamp"),
+    (["init", "--initial-ts", "-1"], "must be an integer in [0, 18446744073709551615], got -1"),
+    (["init", "--initial-ts", "18446744073709551616"], "must be an integer in [0, "),
+    (["ts", "apply", "10000000000000"], "apply only timestamps that write_ts handed out"),
 ])
 def test_errors_are_one_line_without_traceback(args, needle, tmp_path):
     if "--url" not in args:
@@ -72,3 +75,16 @@ def test_one_shot_legacy_command_needs_consent(tmp_path):
     assert r.returncode == 1 and "--take-leadership" in r.stderr
     r = tso("ts", "write", "--take-leadership", url=url)
     assert r.returncode == 0 and int(r.stdout) > 0
+
+
+def test_reading_a_legacy_timeline(tmp_path):
+    # Before the fix, the suggested --take-leadership then failed with "cannot be read-only".
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    tso("init", "--implementation", "legacy", url=url)
+    written = int(tso("ts", "write", "--take-leadership", url=url).stdout)
+    r = tso("ts", "read", url=url)
+    assert r.returncode == 1 and "--take-leadership" in r.stderr and "tsoracle status" in r.stderr
+    for op in ("read", "peek"):
+        r = tso("ts", op, "--take-leadership", url=url)
+        assert r.returncode == 0, r.stderr
+        assert int(r.stdout) >= (written if op == "peek" else 0)

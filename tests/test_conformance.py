@@ -105,13 +105,29 @@ async def test_epoch_milliseconds_tracks_the_wall_clock(url, impl):
 async def test_clock_skew_guard_refuses_far_future_write(url, impl):
     clock = FakeClock(10_000)
     await setup(url, impl, timelines=["EpochMilliseconds"])
+    fast = FakeClock(50_000)  # some writer ran with a clock far ahead
+    async with tsoracle.connect(url, implementation=impl, now=fast) as o:
+        await o.apply_write(50_000)
     async with tsoracle.connect(url, implementation=impl, now=clock,
                                 max_clock_skew_ms=1_000) as o:
-        await o.apply_write(50_000)  # some writer ran with a clock far ahead
         with pytest.raises(tsoracle.ClockSkew, match="ahead of"):
             await o.write_ts()
-        clock.ms = 49_500
-        assert (await o.write_ts()).timestamp == 50_001
+        clock.ms = 50_500  # (a new legacy leader resumes above the fast one's window)
+        assert (await o.write_ts()).timestamp > 50_000
+
+
+async def test_apply_write_refuses_a_far_future_timestamp(url, impl):
+    # Before the fix, `tsoracle ts apply 10000000000000` was accepted on EpochMilliseconds and
+    # every write_ts after it failed with ClockSkew until the wall clock caught up.
+    clock = FakeClock(10_000)
+    await setup(url, impl, timelines=["EpochMilliseconds"])
+    async with tsoracle.connect(url, implementation=impl, now=clock,
+                                max_clock_skew_ms=1_000) as o:
+        with pytest.raises(tsoracle.ClockSkew, match="apply only timestamps"):
+            await o.apply_write(10_000_000_000_000)
+        await o.apply_write(10_900)  # within the bound: fine
+        assert (await o.write_ts()).timestamp == 10_901
+        assert await o.read_ts() == 10_900
 
 
 async def test_no_timestamp_reused_after_restart(url, impl):

@@ -125,3 +125,31 @@ async def test_unreachable_server_gives_up_with_a_clear_error(own_pg):
     finally:
         with contextlib.suppress(Exception):
             await oracle.close()
+
+
+@pytest.mark.parametrize("impl", ["distributed", "legacy"])
+async def test_no_reuse_after_a_crash_with_asynchronous_commit(own_pg, impl):
+    """A DBA's `synchronous_commit = off` must not let a crash lose handed-out timestamps."""
+    url = own_pg.url()
+    await tsoracle.init(url, timelines=[COUNTER], implementation=impl)
+    # The database default an admin may choose, and a WAL writer slow enough that a crash
+    # certainly loses asynchronously committed transactions (before the fix: 7588, then 7541).
+    own_pg.sql("ALTER DATABASE tsoracle SET synchronous_commit = off", "postgres")
+    own_pg.sql("ALTER SYSTEM SET wal_writer_delay = '10s'", "postgres")
+    own_pg.sql("SELECT pg_reload_conf()", "postgres")
+    handed_out = []
+    oracle = await tsoracle.open_oracle(url, timeline=COUNTER, implementation=impl)
+    try:
+        for _ in range(200 if impl == "distributed" else 5):
+            w = (await oracle.write_ts()).timestamp
+            handed_out.append(w)
+        if impl == "legacy":  # a leader hands out its reserved window: spend a few windows
+            while handed_out[-1] < 5 * 1000:
+                handed_out.append((await oracle.write_ts()).timestamp)
+    finally:
+        await asyncio.to_thread(own_pg.crash_and_restart, 0.2)
+        with contextlib.suppress(tsoracle.OracleError):
+            await oracle.close()
+    async with tsoracle.connect(url, timeline=COUNTER, implementation=impl) as after:
+        again = (await after.write_ts()).timestamp
+    assert again > max(handed_out), (again, max(handed_out))

@@ -150,12 +150,16 @@ async def _ts(args: argparse.Namespace) -> int:
     if impl is None:
         impl = (await read_status(args.url)).deployment.implementation
     if impl == "legacy" and not args.take_leadership:
+        hint = ("; `tsoracle status` shows the stored read_ts and write_ts without taking over"
+                if args.op in ("peek", "read") else "")
         raise errors.ConfigError(
             "the legacy implementation serves from its leader's memory: a one-shot command "
-            "would fence the running leader; pass --take-leadership if that is intended"
+            f"would fence the running leader; pass --take-leadership if that is intended{hint}"
         )
+    # A legacy oracle is its timeline's leader, so it is never read-only.
+    read_only = args.op in ("peek", "read") and impl != "legacy"
     async with connect(args.url, timeline=args.timeline, implementation=impl,
-                       read_only=args.op in ("peek", "read")) as oracle:
+                       read_only=read_only) as oracle:
         if args.op == "write":
             print((await oracle.write_ts()).timestamp)
         elif args.op == "peek":

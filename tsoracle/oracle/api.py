@@ -8,7 +8,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
-from tsoracle.errors import ConfigError, Fenced, OracleClosed, OracleError, ReadOnly
+from tsoracle.errors import (
+    ClockSkew,
+    ConfigError,
+    Fenced,
+    OracleClosed,
+    OracleError,
+    ReadOnly,
+)
 from tsoracle.fencing import Deployment
 from tsoracle.oracle import metrics
 from tsoracle.oracle.timeline import Timeline
@@ -124,6 +131,7 @@ class TimestampOracle(ABC):
         """Mark writes at `ts` complete: afterwards read_ts >= ts and write_ts >= ts."""
         self._writable("apply_write")
         check_ts(ts)
+        self._check_skew("apply_write", ts)
         await self._observe("apply_write", lambda: self._apply_write(ts))
 
     async def confirm_leadership(self) -> None:
@@ -166,6 +174,20 @@ class TimestampOracle(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def _check_skew(self, op: str, ts: int) -> None:
+        """On a wall-clock timeline, refuse a timestamp further ahead than write_ts may go:
+        applying it would make every later write_ts fail with ClockSkew until the clock
+        caught up (for years, with a typo)."""
+        if not self.timeline.wall_clock or self.max_clock_skew_ms is None:
+            return
+        now = self.now()
+        if ts > now + self.max_clock_skew_ms:
+            raise ClockSkew(
+                f"{op}({ts}) on timeline {self.timeline.name!r} is {ts - now} ms ahead of this "
+                f"process's wall clock, more than the allowed {self.max_clock_skew_ms} ms; "
+                "apply only timestamps that write_ts handed out"
+            )
 
     def _writable(self, op: str) -> None:
         if self.read_only:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tsoracle.errors import ConfigError
 from tsoracle.fencing import (
     IMPLEMENTATIONS,
     Deployment,
@@ -47,8 +48,12 @@ async def provision(
     """
     names = [parse_timeline(t).name for t in timelines]
     check_implementation(implementation)
-    if not 0 <= initial_ts <= U64_MAX:
-        raise ValueError("initial_ts must be in [0, 2**64 - 1]")
+    if isinstance(initial_ts, bool) or not isinstance(initial_ts, int) \
+            or not 0 <= initial_ts <= U64_MAX:
+        raise ConfigError(
+            f"the initial timestamp (--initial-ts, initial_ts) must be an integer in "
+            f"[0, {U64_MAX}], got {initial_ts!r}"
+        )
     fence = check_mode(fencing or "Always")
     await ensure_schema(backend, implementation=implementation, fence=fence)
     if fencing is not None:

@@ -88,6 +88,7 @@ class PostgresBackend(Backend):
             min_size=1,
             max_size=self.pool_size,
             kwargs={"autocommit": True, "prepare_threshold": 0},
+            configure=self._configure,
             timeout=self.retry.timeout,
             open=False,
             name="tsoracle",
@@ -99,6 +100,18 @@ class PostgresBackend(Backend):
             raise OracleUnavailable(
                 f"cannot open a connection pool to {self.url.safe}: {self._why(exc)}"
             ) from None
+
+    async def _configure(self, conn: psycopg.AsyncConnection) -> None:
+        # A timestamp is handed out only after its row is durable: a server, database or role
+        # default of synchronous_commit = off or local (any DBA may set one) would let a crash
+        # or a failover roll the row back and hand the same timestamps out again. Stronger
+        # settings (remote_write, remote_apply) stay. CockroachDB commits through consensus.
+        if self.dialect.cockroach:
+            return
+        cur = await conn.execute("SHOW synchronous_commit")
+        row = await cur.fetchone()
+        if row is None or row[0] in ("off", "local"):
+            await conn.execute("SET synchronous_commit = on")
 
     def pinned(self) -> Pinned:
         return _PgPinned(self)

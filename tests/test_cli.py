@@ -88,3 +88,20 @@ def test_reading_a_legacy_timeline(tmp_path):
         r = tso("ts", op, "--take-leadership", url=url)
         assert r.returncode == 0, r.stderr
         assert int(r.stdout) >= (written if op == "peek" else 0)
+
+
+def test_bench_never_touches_another_schema(tmp_path):
+    # Before the fix, a bench on ?schema=prod_orders flipped that legacy deployment to
+    # distributed at epoch 2 and added timeline counter:bench.
+    base = f"sqlite:///{tmp_path / 'p.db'}"
+    prod = f"{base}?schema=prod_orders"
+    tso("init", "--implementation", "legacy", url=prod)
+    r = tso("bench", "--duration", "0.2", "--concurrency", "1", url=prod)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "its own schema 'tsoracle_bench'" in r.stderr and "prod_orders" in r.stderr
+    after = json.loads(tso("status", "--json", url=prod).stdout)
+    assert after["deployment"]["implementation"] == "legacy"
+    assert after["deployment"]["epoch"] == 1
+    assert [t["timeline"] for t in after["timelines"]] == ["EpochMilliseconds"]
+    r = tso("bench", "--duration", "0.2", "--concurrency", "1", url=base)
+    assert r.returncode == 0, r.stderr  # its own schema, next to prod_orders in the same file

@@ -12,7 +12,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
+from tsoracle.errors import ConfigError
 from tsoracle.oracle import GroupCommitter, flip, init, open_oracle
 from tsoracle.oracle import metrics as m
 from tsoracle.store import parse_url
@@ -45,10 +47,21 @@ class Result:
 
 
 def bench_url(url: str) -> str:
-    """Benchmarks write to their own schema unless the URL names one."""
-    if "schema=" in url:
+    """The URL of the benchmark's own schema; a URL naming any other schema is refused.
+
+    A benchmark flips its deployment and adds a timeline: run against a production schema
+    (say through $TSORACLE_URL) it would move that deployment to another implementation.
+    """
+    named = parse_url(url).schema
+    if "schema" not in dict(parse_qsl(urlsplit(url).query)):
+        return url + ("&" if "?" in url else "?") + f"schema={BENCH_SCHEMA}"
+    if named == BENCH_SCHEMA or named.startswith(BENCH_SCHEMA + "_"):
         return url
-    return url + ("&" if "?" in url else "?") + f"schema={BENCH_SCHEMA}"
+    raise ConfigError(
+        f"tsoracle bench runs only in its own schema {BENCH_SCHEMA!r} (or {BENCH_SCHEMA}_*), "
+        f"because it flips that deployment; the URL names schema {named!r}: drop ?schema= "
+        "from --url or $TSORACLE_URL"
+    )
 
 
 def _pct(sorted_values: list[float], q: float) -> float:

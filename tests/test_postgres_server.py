@@ -153,3 +153,34 @@ async def test_no_reuse_after_a_crash_with_asynchronous_commit(own_pg, impl):
     async with tsoracle.connect(url, timeline=COUNTER, implementation=impl) as after:
         again = (await after.write_ts()).timestamp
     assert again > max(handed_out), (again, max(handed_out))
+
+
+async def test_a_pool_too_small_for_pinned_connections_is_refused(pg_url):
+    # Before the fix, pool_size=2 let the distributed oracle's two pinned connections take the
+    # whole pool: every other statement waited, then "check that the server is up".
+    await tsoracle.init(pg_url, timelines=[COUNTER])
+    with pytest.raises(tsoracle.ConfigError, match="pool_size >= 3"):
+        await tsoracle.open_oracle(pg_url, timeline=COUNTER, pool_size=2)
+    async with asyncio.timeout(300):  # only a hang reaches this
+        async with tsoracle.connect(pg_url, timeline=COUNTER, pool_size=3) as o:
+            async def mixed() -> None:
+                for _ in range(20):
+                    w = await o.write_ts()
+                    await o.apply_write(w.timestamp)
+                    assert await o.read_ts() >= w.timestamp
+            await asyncio.gather(*[mixed() for _ in range(16)])
+
+
+async def test_pool_exhaustion_says_so(pg_url):
+    await tsoracle.init(pg_url, timelines=[COUNTER])
+    policy = tsoracle.store.RetryPolicy(timeout=1.0)
+    async with tsoracle.connect(pg_url, timeline=COUNTER, pool_size=3, retry=policy) as o:
+        await o.read_ts()  # the two pinned connections are taken
+        await o.confirm_leadership()
+        await o.write_ts()
+        pool = o.backend.pool
+        assert pool is not None
+        async with pool.connection():  # someone holds the last free connection
+            with pytest.raises(tsoracle.OracleUnavailable, match="no free connection") as err:
+                await o.write_ts()
+        assert "pool_size" in str(err.value) and "server is up" not in str(err.value)

@@ -48,6 +48,7 @@ class TimestampOracle(ABC):
     """
 
     implementation = "abstract"
+    pinned_connections = 0  # pool connections an open oracle keeps for itself
 
     def __init__(
         self,

@@ -80,6 +80,8 @@ async def open_oracle(
             "the legacy oracle serves from its leader's memory, so it cannot be read-only; "
             "open read-only clients with implementation='distributed'"
         )
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+        raise ConfigError(f"pool_size must be a positive integer, got {pool_size!r}")
     impl_label = implementation or "active"
     backend = await open_instrumented_backend(url, impl_label, pool_size=pool_size, retry=retry)
     try:
@@ -93,6 +95,15 @@ async def open_oracle(
             raise Fenced(
                 f"the active implementation is {dep.implementation!r} (epoch {dep.epoch}), not "
                 f"{chosen!r}; open with implementation={dep.implementation!r} or None"
+            )
+        cls = LegacyOracle if chosen == "legacy" else DistributedOracle
+        if not backend.url.is_sqlite and pool_size <= cls.pinned_connections:
+            # Pinned connections would take the whole pool and every other statement would
+            # wait for a connection that never comes free.
+            raise ConfigError(
+                f"pool_size={pool_size} is too small for the {chosen} oracle: it keeps "
+                f"{cls.pinned_connections} connection(s) for batched calls and needs at least "
+                f"one more; use pool_size >= {cls.pinned_connections + 1}"
             )
         common: dict[str, Any] = dict(read_only=read_only, fenced=fenced, now=now,
                       max_clock_skew_ms=max_clock_skew_ms)

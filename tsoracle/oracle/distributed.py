@@ -31,6 +31,7 @@ _CONFIRM = "SELECT GUARD_EXPR FROM {timestamps} " + _ROW
 
 class DistributedOracle(TimestampOracle):
     implementation = "distributed"
+    pinned_connections = 2  # batched reads, batched confirmations (see __init__)
 
     def __init__(self, *args: Any, batching: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -20,6 +20,7 @@ DEFAULT_WINDOW = 1000  # ms on EpochMilliseconds, timestamps on counting timelin
 
 class LegacyOracle(TimestampOracle):
     implementation = "legacy"
+    pinned_connections = 1  # the leadership's batched confirmations
 
     def __init__(self, *args: Any, window: int = DEFAULT_WINDOW, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

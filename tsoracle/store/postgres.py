@@ -172,6 +172,12 @@ class PostgresBackend(Backend):
                 once, policy=self.retry, transient=transient_reason, on_retry=self.on_retry
             )
         except GaveUp as exc:
+            if isinstance(exc.last, psycopg_pool.PoolTimeout):
+                raise OracleUnavailable(
+                    f"no free connection to {self.url.safe} for {exc.elapsed:.1f}s: all "
+                    f"{self.pool_size} in the pool stayed busy; open the oracle with a larger "
+                    "pool_size or make fewer concurrent calls"
+                ) from None
             raise OracleUnavailable(
                 f"backend {self.url.safe} still failing after {exc.attempts} attempts in "
                 f"{exc.elapsed:.1f}s ({self._why(exc.last)}); check that the server is up"

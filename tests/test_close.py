@@ -59,3 +59,53 @@ async def test_a_closed_oracle_says_so(sqlite_url):
         assert "tsoracle.connect" in str(exc)
     else:
         raise AssertionError("read_ts on a closed oracle answered")
+
+
+async def _blocked_write(pg, url: str, policy: RetryPolicy):
+    """An oracle whose write_ts is stuck on a row lock another session holds."""
+    import psycopg
+
+    await tsoracle.init(url, timelines=["counter:c"])
+    oracle = await tsoracle.open_oracle(url, timeline="counter:c", retry=policy)
+    await oracle.write_ts()
+    locker = await psycopg.AsyncConnection.connect(pg.url().split("?")[0])
+    await locker.execute("BEGIN")
+    schema = url.split("schema=")[1]
+    await locker.execute(f'SELECT * FROM "{schema}".timestamps FOR UPDATE')
+    stuck = asyncio.create_task(oracle.write_ts())
+    async with asyncio.timeout(60):
+        while not stuck.done() and oracle._inflight == 0:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    assert not stuck.done(), "the write should wait for the lock"
+    return oracle, locker, stuck
+
+
+async def test_close_does_not_wait_forever_for_a_stuck_statement(pg, pg_url):
+    # Review finding: close() waited without limit for an operation stuck on a row lock.
+    oracle, locker, stuck = await _blocked_write(pg, pg_url, RetryPolicy(timeout=1.0))
+    try:
+        async with asyncio.timeout(120):  # only a hang reaches this
+            await oracle.close()  # returns after the retry budget + grace, lock still held
+        assert oracle.backend.pool is None
+        assert not stuck.done()
+    finally:
+        await locker.execute("ROLLBACK")
+        await locker.close()
+    async with asyncio.timeout(120):
+        outcome = await asyncio.gather(stuck, return_exceptions=True)
+    assert isinstance(outcome[0], tsoracle.WriteTimestamp | tsoracle.OracleError), outcome
+
+
+async def test_a_cancelled_close_still_releases_everything(pg, pg_url):
+    oracle, locker, stuck = await _blocked_write(pg, pg_url, RetryPolicy(timeout=30.0))
+    closing = asyncio.create_task(oracle.close())
+    await asyncio.sleep(0.1)
+    closing.cancel()
+    await asyncio.gather(closing, return_exceptions=True)
+    await locker.execute("ROLLBACK")  # the stuck write finishes; the shutdown goes on
+    await locker.close()
+    async with asyncio.timeout(120):
+        await stuck
+        await oracle.close()  # a second call joins the same shutdown
+    assert oracle.backend.pool is None

@@ -120,3 +120,77 @@ async def test_flip_under_concurrent_load(url, tmp_path):
     for started, bootstrap in flips:
         before = [o.value for o in ops if o.end < started]
         assert not before or bootstrap >= max(before)
+
+
+async def test_disabled_at_open_never_lets_a_flipped_out_process_allocate(url):
+    # Before the fix: P opened under Disabled kept the guard compiled out for life and wrote
+    # [2, 3, 4] after the flip, the same values as the new legacy leader.
+    await tsoracle.init(url, timelines=[COUNTER], fencing="Disabled")
+    p = await tsoracle.open_oracle(url, timeline=COUNTER)
+    await p.write_ts()
+    await tsoracle.set_fencing(url, "Always")
+    await tsoracle.flip(url, to="legacy")
+    leader = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy")
+    led = [(await leader.write_ts()).timestamp for _ in range(3)]
+    with pytest.raises(tsoracle.Fenced, match="active implementation is now 'legacy'"):
+        await p.write_ts()
+    with pytest.raises(tsoracle.Fenced):
+        await p.apply_write(led[-1] + 1)
+    await p.close()
+    await leader.close()
+
+
+async def test_disabling_fencing_later_does_not_unfence(url):
+    # Before the fix: P fenced by a flip, then `tsoracle fencing Disabled`: P wrote [1, 2, 3]
+    # again next to the legacy leader's [1, 2, 3].
+    await tsoracle.init(url, timelines=[COUNTER])
+    p = await tsoracle.open_oracle(url, timeline=COUNTER)
+    await tsoracle.flip(url, to="legacy")
+    with pytest.raises(tsoracle.Fenced):
+        await p.write_ts()
+    await tsoracle.set_fencing(url, "Disabled")
+    leader = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy")
+    led = {(await leader.write_ts()).timestamp for _ in range(3)}
+    for _ in range(3):
+        with pytest.raises(tsoracle.Fenced):
+            led.add((await p.write_ts()).timestamp)
+    with pytest.raises(tsoracle.Fenced):  # and the inactive side cannot be opened either
+        await tsoracle.open_oracle(url, timeline=COUNTER, implementation="distributed")
+    await p.close()
+    await leader.close()
+
+
+async def test_a_legacy_leader_follows_the_mode_set_after_it_started(url):
+    # Opened under Disabled (no confirmations), the mode becomes Always: the leader learns it at
+    # its next window reservation and confirms from then on, so a take-over fences its reads.
+    # Before the fix it kept answering reads from memory (read_ts = 1 after 2003 was applied).
+    await tsoracle.init(url, timelines=[COUNTER], implementation="legacy", fencing="Disabled")
+    old = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy", window=5)
+    await tsoracle.set_fencing(url, "Always")
+    for _ in range(12):  # past its window: a reservation, which returns the mode
+        await old.write_ts()
+    new = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy")
+    w = (await new.write_ts()).timestamp
+    await new.apply_write(w)
+    with pytest.raises(tsoracle.Fenced, match="newer legacy leader"):
+        await old.read_ts()
+    await old.close()
+    await new.close()
+
+
+async def test_disabled_gives_up_only_fresh_reads_on_a_superseded_leader(url):
+    # What Disabled gives up, as documented: a superseded legacy leader may answer reads from
+    # memory until its next reservation. What it never gives up: a unique write_ts.
+    await tsoracle.init(url, timelines=[COUNTER], implementation="legacy", fencing="Disabled")
+    old = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy", window=5)
+    handed = [(await old.write_ts()).timestamp]
+    new = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy", window=5)
+    handed += [(await new.write_ts()).timestamp for _ in range(10)]
+    await new.apply_write(handed[-1])
+    assert await old.read_ts() < handed[-1]  # stale, and allowed under Disabled
+    with pytest.raises(tsoracle.Fenced):
+        for _ in range(10):
+            handed.append((await old.write_ts()).timestamp)
+    assert len(handed) == len(set(handed))
+    await old.close()
+    await new.close()

@@ -26,8 +26,9 @@ class NotInitialized(OracleUnavailable):
 class OracleClosed(OracleUnavailable):
     """The oracle was closed (by this process): open a new one."""
 
-    def __init__(self) -> None:
-        super().__init__("this oracle is closed; open a new one with tsoracle.connect")
+    def __init__(self, message: str = "this oracle is closed; open a new one with "
+                 "tsoracle.connect") -> None:
+        super().__init__(message)
 
 
 class UnknownTimeline(NotInitialized):
@@ -73,8 +74,11 @@ class MissingExtra(ConfigError):
     """A command needs an optional part of tsoracle that is not installed."""
 
     def __init__(self, what: str, extra: str, module: str) -> None:
-        self.extra = extra
+        self.what, self.extra, self.module = what, extra, module
         super().__init__(
             f"{what} needs the {extra!r} extra ({module} is not installed); "
             f"install it with: pip install 'tsoracle[{extra}]'"
         )
+
+    def __reduce__(self) -> tuple[type[MissingExtra], tuple[str, str, str]]:
+        return (type(self), (self.what, self.extra, self.module))

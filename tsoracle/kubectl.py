@@ -141,7 +141,8 @@ def fencing(api: Api, name: str, state: str) -> int:
     api.patch_spec(name, {"fencing": mode})
     print(f"{name}: fencing {state} (spec.fencing={mode})")
     if mode == "Disabled":
-        print("warning: without fencing a superseded process can serve stale reads",
+        print("warning: with fencing off a superseded legacy leader can serve stale reads "
+              "until its next window reservation (timestamps stay unique)",
               file=sys.stderr)
     return 0
 

@@ -8,7 +8,8 @@
 // not comparable and would produce false violations. An operation without a successful return is
 // ambiguous: a read, peek or write that failed changed nothing a later operation can rely on
 // (gaps are allowed) and is dropped; an apply, reset or flip may have taken effect at any time
-// after its call, so it is given an open-ended return.
+// after its call, so it is given an open-ended return (a failed reset then changes nothing: the
+// worker that tried it serves nothing).
 //
 // Exit status: 0 linearizable, 1 violation, 2 checker timeout, 3 bad input.
 package main
@@ -107,6 +108,12 @@ func step(s0 interface{}, in interface{}, out interface{}) (bool, interface{}) {
 		// A new legacy leader resumes at its predecessor's reserved upper; a flip bootstraps
 		// the target to the maximum of everything. Either must cover all that came before.
 		if o.Unknown {
+			if i.Op == "reset" {
+				// A take-over whose outcome is unknown serves nothing (the worker gave up on
+				// it); the next leader's reset carries the real resume value. Letting it raise
+				// read would excuse a later read of an unapplied write.
+				return true, s
+			}
 			return true, state{max(s.Read, s.WLB), max(s.Read, s.WLB)}
 		}
 		if o.Value >= s.Read && o.Value >= s.WLB {

@@ -211,9 +211,10 @@ async def worker(args: argparse.Namespace) -> None:
 
     async def drop(tl: str, o: tsoracle.TimestampOracle) -> None:
         async with locks[tl]:
-            if oracles.get(tl) is o:
-                del oracles[tl]
-                await o.close()
+            if oracles.get(tl) is not o:
+                return
+            del oracles[tl]
+        await o.close()  # outside the lock: it waits for the oracle's operations in flight
 
     async def client(cid: int) -> None:
         rng = random.Random(cid)

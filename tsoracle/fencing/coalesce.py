@@ -39,6 +39,12 @@ class Coalescer(Generic[T]):
         finally:
             self._hand_off()
 
+    async def idle(self) -> None:
+        """Wait until no call started here is still running (before its connection closes)."""
+        drainer = self._drainer
+        if drainer is not None and not drainer.done():
+            await asyncio.wait({drainer})
+
     def _hand_off(self) -> None:
         if self._waiting:
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
@@ -46,6 +52,7 @@ class Coalescer(Generic[T]):
             self._busy = False
 
     async def _drain(self) -> None:
+        batch: list[asyncio.Future[T]] = []
         try:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
@@ -63,7 +70,7 @@ class Coalescer(Generic[T]):
                         fut.set_result(value)
         finally:
             self._busy = False
-            for fut in self._waiting:  # only reached when cancelled mid-drain
+            for fut in [*batch, *self._waiting]:  # only reached when cancelled mid-drain
                 if not fut.done():
                     fut.cancel()
             self._waiting = []

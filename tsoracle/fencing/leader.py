@@ -12,20 +12,29 @@ from dataclasses import dataclass
 
 from tsoracle.errors import Fenced, UnknownTimeline
 from tsoracle.fencing.coalesce import Coalescer
-from tsoracle.fencing.modes import GUARD, Deployment, read_deployment, superseded
+from tsoracle.fencing.modes import (
+    GUARD,
+    Deployment,
+    confirms_reads,
+    read_deployment,
+    superseded,
+)
 from tsoracle.store import Backend
 
 _WHERE = "WHERE timeline = %(timeline)s AND implementation = 'legacy'"
+# Each statement also returns the deployment's fencing mode, so a change of mode reaches the
+# leader at its next reservation or confirmation, whatever the mode was when it started.
 _START = (
     "UPDATE {timestamps} SET leader_epoch = leader_epoch + 1 " + _WHERE +
-    " RETURNING leader_epoch, read_ts, write_ts, GUARD_EXPR"
+    f" RETURNING leader_epoch, read_ts, write_ts, {GUARD}, fence"
 )
 _RESERVE = (
     "UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(upper)s::numeric),"
     " read_ts = GREATEST(read_ts, %(read)s::numeric) " + _WHERE +
-    " AND leader_epoch = %(leader_epoch)s AND GUARD_EXPR RETURNING write_ts"
+    f" AND leader_epoch = %(leader_epoch)s AND {GUARD} RETURNING write_ts, fence"
 )
-_CONFIRM = "SELECT leader_epoch = %(leader_epoch)s AND GUARD_EXPR FROM {timestamps} " + _WHERE
+_CONFIRM = f"SELECT leader_epoch = %(leader_epoch)s AND {GUARD}, fence FROM {{timestamps}} " \
+    + _WHERE
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,7 @@ class Leadership:
         timeline: str,
         opened: Deployment,
         *,
-        guarded: bool,
+        fencing_override: str | None = None,
         on_batch: Callable[[int], None] | None = None,
         on_query: Callable[[str], None] | None = None,
     ) -> None:
@@ -52,14 +61,17 @@ class Leadership:
         self.timeline = timeline
         self.opened = opened
         self.leader_epoch = -1
-        guard = GUARD if guarded else "TRUE"
-        self._start_sql = _START.replace("GUARD_EXPR", guard)
-        self._reserve_sql = _RESERVE.replace("GUARD_EXPR", guard)
-        self._confirm_sql = _CONFIRM.replace("GUARD_EXPR", guard)
+        self.mode = opened.fence  # as last seen in storage
+        self.fencing_override = fencing_override  # this process only, for experiments
         self._on_query = on_query or (lambda _name: None)
         self._confirms = Coalescer(self._confirm_once, on_batch)
         self._confirm_conn = backend.pinned()  # confirmations run one at a time
         self.fenced: Fenced | None = None
+
+    @property
+    def confirms_reads(self) -> bool:
+        """Confirm before answering from memory, unless the mode (as last seen) is Disabled."""
+        return confirms_reads(self.fencing_override or self.mode)
 
     def _params(self, **extra: object) -> dict[str, object]:
         return {"timeline": self.timeline, "epoch": self.opened.epoch,
@@ -68,10 +80,10 @@ class Leadership:
     async def start(self) -> Start:
         """Become the leader, fencing whoever was before; returns the durable state to resume."""
         self._on_query("become_leader")
-        rows = await self.backend.fetch(self._start_sql, self._params())
+        rows = await self.backend.fetch(_START, self._params())
         if not rows:
             raise UnknownTimeline(self.timeline)
-        leader_epoch, read_ts, upper, ok = rows[0]
+        leader_epoch, read_ts, upper, ok, self.mode = rows[0]
         self.leader_epoch = int(leader_epoch)
         if not ok:
             raise await self._explain()
@@ -82,11 +94,12 @@ class Leadership:
         self.check()
         self._on_query("reserve_window")
         rows = await self.backend.fetch(
-            self._reserve_sql,
+            _RESERVE,
             self._params(upper=self.backend.enc(upper), read=self.backend.enc(read_ts)),
         )
         if not rows:
             raise await self._explain()
+        self.mode = rows[0][1]
         return self.backend.dec(rows[0][0])
 
     async def confirm(self) -> None:
@@ -97,11 +110,16 @@ class Leadership:
     async def _confirm_once(self) -> None:
         self.check()
         self._on_query("confirm_leadership")
-        rows = await self._confirm_conn.fetch(self._confirm_sql, self._params())
+        rows = await self._confirm_conn.fetch(_CONFIRM, self._params())
         if not rows:
             raise UnknownTimeline(self.timeline)
-        if not rows[0][0]:
+        ok, self.mode = rows[0]
+        if not ok:
             raise await self._explain()
+
+    async def idle(self) -> None:
+        """Wait for a confirmation batch still running on the pinned connection."""
+        await self._confirms.idle()
 
     async def close(self) -> None:
         await self._confirm_conn.close()

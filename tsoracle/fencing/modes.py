@@ -16,12 +16,17 @@ from tsoracle.store import Backend, Tx
 MODES = ("Always", "Rollout", "Disabled")
 IMPLEMENTATIONS = ("legacy", "distributed")
 
-# True while this process may release results: it runs the active implementation and its epoch is
-# current, or the mode is Rollout and no rollout is in progress, or fencing is Disabled.
-GUARD = (
-    "(fence = 'Disabled' OR (active AND (epoch = %(epoch)s"
-    " OR (fence = 'Rollout' AND NOT rollout))))"
-)
+# True while this process may hand out or release results: it runs the active implementation
+# and its epoch is current, or the mode is Rollout and no rollout is in progress. Every mode,
+# Disabled included, evaluates it on every statement: Disabled only spares a legacy leader its
+# confirmation round trips before answering from memory (see confirms_reads), never the check
+# that keeps an inactive implementation or a superseded epoch from allocating.
+GUARD = "(active AND (epoch = %(epoch)s OR (fence = 'Rollout' AND NOT rollout)))"
+
+
+def confirms_reads(mode: str) -> bool:
+    """Whether a legacy leader confirms its leadership before answering from memory."""
+    return mode != "Disabled"
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,8 @@ from tsoracle.oracle.timeline import Timeline
 from tsoracle.store import U64_MAX, Backend
 
 T = TypeVar("T")
+
+CLOSE_GRACE_S = 5.0  # beyond the retry budget, for operations in flight when close() is called
 
 
 class WriteTimestamp(NamedTuple):
@@ -57,7 +60,7 @@ class TimestampOracle(ABC):
         deployment: Deployment,
         *,
         read_only: bool,
-        fenced: bool,
+        fencing_override: str | None,
         now: Callable[[], int] | None,
         max_clock_skew_ms: int | None,
     ) -> None:
@@ -65,7 +68,7 @@ class TimestampOracle(ABC):
         self.timeline = timeline
         self.deployment = deployment
         self.read_only = read_only
-        self.fencing_enabled = fenced
+        self.fencing_override = fencing_override
         self.now = now or wall_clock_ms
         self.max_clock_skew_ms = max_clock_skew_ms
         impl = self.implementation
@@ -80,6 +83,7 @@ class TimestampOracle(ABC):
         self._lag_key = (timeline.name,) if timeline.wall_clock else None
         # close() waits for operations in flight instead of pulling connections from under them
         self._closed = False
+        self._closing: asyncio.Task[None] | None = None
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -114,7 +118,7 @@ class TimestampOracle(ABC):
         # The hottest call of all: instrumented inline rather than through _observe.
         self._read_started.inc()
         start = time.perf_counter()
-        self._enter()
+        self._enter("read_ts")
         try:
             ts = await self._read_ts()
         except OracleError as exc:
@@ -148,20 +152,34 @@ class TimestampOracle(ABC):
 
         Safe to call while other tasks still use the oracle (reopen-on-fence does): they get
         OracleClosed or their answer, never a connection closed under a running statement.
+        Operations get the retry budget plus CLOSE_GRACE_S to finish; a statement that never
+        returns does not keep the connections open forever. Concurrent or cancelled calls
+        share one shutdown, which always runs to the end.
         """
-        if self._closed:
-            return
         self._closed = True
-        await self._idle.wait()  # in-flight operations are bounded by the retry budget
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(self._shut_down())
+        await asyncio.shield(self._closing)
+
+    async def _shut_down(self) -> None:
+        budget = self.backend.retry.timeout + CLOSE_GRACE_S
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._quiesce(), budget)
         await self._close_resources()
+
+    async def _quiesce(self) -> None:
+        """Wait for operations in flight; subclasses also wait for their background work."""
+        await self._idle.wait()
 
     async def _close_resources(self) -> None:
         """Close what this oracle holds; subclasses add their own before calling this."""
         await self.backend.close()
 
-    def _enter(self) -> None:
+    def _enter(self, op: str) -> None:
         if self._closed:
-            raise OracleClosed()
+            exc = OracleClosed()
+            self._failed(op, exc)
+            raise exc
         self._inflight += 1
         self._idle.clear()
 
@@ -199,7 +217,7 @@ class TimestampOracle(ABC):
     async def _observe(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
         self._started[op].inc()
         start = time.perf_counter()
-        self._enter()
+        self._enter(op)
         try:
             result = await fn()
         except OracleError as exc:

@@ -68,7 +68,8 @@ async def open_oracle(
 
     `implementation=None` follows the deployment's active implementation. `fencing` overrides
     the deployment's mode for this process only (for experiments; production follows the
-    deployment).
+    deployment); like the deployment's mode it only decides whether a legacy leader confirms
+    before answering from memory, never whether a fenced process may allocate.
     """
     tl = parse_timeline(timeline)
     if implementation is not None:
@@ -89,9 +90,7 @@ async def open_oracle(
         if not await timeline_exists(backend, tl.name):
             raise UnknownTimeline(tl.name)
         chosen = implementation or dep.implementation
-        mode = fencing or dep.fence
-        fenced = mode != "Disabled"
-        if fenced and chosen != dep.implementation:
+        if chosen != dep.implementation:
             raise Fenced(
                 f"the active implementation is {dep.implementation!r} (epoch {dep.epoch}), not "
                 f"{chosen!r}; open with implementation={dep.implementation!r} or None"
@@ -105,7 +104,7 @@ async def open_oracle(
                 f"{cls.pinned_connections} connection(s) for batched calls and needs at least "
                 f"one more; use pool_size >= {cls.pinned_connections + 1}"
             )
-        common: dict[str, Any] = dict(read_only=read_only, fenced=fenced, now=now,
+        common: dict[str, Any] = dict(read_only=read_only, fencing_override=fencing, now=now,
                       max_clock_skew_ms=max_clock_skew_ms)
         if chosen == "legacy":
             legacy = LegacyOracle(backend, tl, dep, window=window, **common)

@@ -15,18 +15,18 @@ from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
 from tsoracle.store import U64_MAX
 
 _ROW = "WHERE timeline = %(timeline)s AND implementation = 'distributed'"
-_WRITE = (
-    "UPDATE {timestamps} SET write_ts = GREATEST(write_ts + 1, %(now)s::numeric) " + _ROW +
-    " AND write_ts < %(max)s::numeric AND write_ts + 1 <= %(ceiling)s::numeric AND GUARD_EXPR"
-    " RETURNING write_ts"
-)
-_PEEK = "SELECT write_ts, GUARD_EXPR FROM {timestamps} " + _ROW
-_READ = "SELECT read_ts, GUARD_EXPR FROM {timestamps} " + _ROW
-_APPLY = (
-    "UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(ts)s::numeric),"
-    " read_ts = GREATEST(read_ts, %(ts)s::numeric) " + _ROW + " AND GUARD_EXPR RETURNING read_ts"
-)
-_CONFIRM = "SELECT GUARD_EXPR FROM {timestamps} " + _ROW
+# One statement per operation; each carries the fencing guard, checked by the row it touches.
+_SQL = {
+    "write": "UPDATE {timestamps} SET write_ts = GREATEST(write_ts + 1, %(now)s::numeric) "
+             + _ROW + " AND write_ts < %(max)s::numeric"
+             f" AND write_ts + 1 <= %(ceiling)s::numeric AND {GUARD} RETURNING write_ts",
+    "peek": f"SELECT write_ts, {GUARD} FROM {{timestamps}} " + _ROW,
+    "read": f"SELECT read_ts, {GUARD} FROM {{timestamps}} " + _ROW,
+    "apply": "UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(ts)s::numeric),"
+             " read_ts = GREATEST(read_ts, %(ts)s::numeric) " + _ROW
+             + f" AND {GUARD} RETURNING read_ts",
+    "confirm": f"SELECT {GUARD} FROM {{timestamps}} " + _ROW,
+}
 
 
 class DistributedOracle(TimestampOracle):
@@ -35,12 +35,7 @@ class DistributedOracle(TimestampOracle):
 
     def __init__(self, *args: Any, batching: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        guard = GUARD if self.fencing_enabled else "TRUE"
-        self._sql = {
-            name: text.replace("GUARD_EXPR", guard)
-            for name, text in (("write", _WRITE), ("peek", _PEEK), ("read", _READ),
-                               ("apply", _APPLY), ("confirm", _CONFIRM))
-        }
+        self._sql = _SQL
         self._base = {"timeline": self.timeline.name, "epoch": self.deployment.epoch}
         # Batched reads and confirmations run one statement at a time: each keeps a connection.
         self._pinned = {"read": self.backend.pinned(), "confirm": self.backend.pinned()}
@@ -55,6 +50,13 @@ class DistributedOracle(TimestampOracle):
     async def _fetch_pinned(self, name: str) -> list[tuple[Any, ...]]:
         self.count_query(name)
         return await self._pinned[name].fetch(self._sql[name], self._base)
+
+    async def _quiesce(self) -> None:
+        await super()._quiesce()
+        # A batch whose callers all gave up (cancelled) still runs on a pinned connection.
+        if self._reads is not None:
+            await self._reads.idle()
+        await self._confirms.idle()
 
     async def _close_resources(self) -> None:
         for pinned in self._pinned.values():

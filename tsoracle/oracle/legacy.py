@@ -28,7 +28,8 @@ class LegacyOracle(TimestampOracle):
             raise ValueError("window must be at least 1")
         self.window = window
         self.leadership = Leadership(
-            self.backend, self.timeline.name, self.deployment, guarded=self.fencing_enabled,
+            self.backend, self.timeline.name, self.deployment,
+            fencing_override=self.fencing_override,
             on_batch=self.batch_observer("confirm_leadership"), on_query=self.count_query,
         )
         self._read = 0
@@ -92,7 +93,7 @@ class LegacyOracle(TimestampOracle):
 
     async def _release(self) -> None:
         self.leadership.check()
-        if self.fencing_enabled:
+        if self.leadership.confirms_reads:
             await self.leadership.confirm()
 
     async def _extend(self, needed: int) -> None:
@@ -120,8 +121,15 @@ class LegacyOracle(TimestampOracle):
         except Exception:  # the next caller that needs the window sees the error itself
             pass
 
-    async def _close_resources(self) -> None:
+    async def _quiesce(self) -> None:
+        await super()._quiesce()
         if self._prefetch is not None and not self._prefetch.done():
             self._prefetch.cancel()
+            await asyncio.wait({self._prefetch})  # its reservation must not outlive the pool
+        await self.leadership.idle()
+
+    async def _close_resources(self) -> None:
+        if self._prefetch is not None and not self._prefetch.done():
+            self._prefetch.cancel()  # only if quiescing timed out
         await self.leadership.close()
         await super()._close_resources()

@@ -172,7 +172,7 @@ class PostgresBackend(Backend):
                 once, policy=self.retry, transient=transient_reason, on_retry=self.on_retry
             )
         except GaveUp as exc:
-            if isinstance(exc.last, psycopg_pool.PoolTimeout):
+            if isinstance(exc.last, psycopg_pool.PoolTimeout) and self._exhausted():
                 raise OracleUnavailable(
                     f"no free connection to {self.url.safe} for {exc.elapsed:.1f}s: all "
                     f"{self.pool_size} in the pool stayed busy; open the oracle with a larger "
@@ -186,6 +186,14 @@ class PostgresBackend(Backend):
             raise
         except psycopg.Error as exc:
             raise self._translate(exc) from None
+
+    def _exhausted(self) -> bool:
+        """Every connection of a full pool is in use (a pool timeout can also mean that no
+        connection could be made, which is the server's problem, not the pool's)."""
+        if self.pool is None:
+            return False
+        stats = self.pool.get_stats()
+        return stats.get("pool_size", 0) >= self.pool_size and stats.get("pool_available", 0) == 0
 
     def _translate(self, exc: psycopg.Error) -> OracleError:
         if isinstance(exc, psycopg_pool.PoolClosed):

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tsoracle.errors import ConfigError, Fenced
+from tsoracle.errors import ConfigError, Fenced, OracleClosed
 from tsoracle.extras import needs_extra
 from tsoracle.oracle import TimestampOracle, open_oracle, parse_timeline
 from tsoracle.oracle.connect import open_instrumented_backend
@@ -41,6 +41,9 @@ class OracleClient:
         self._fencing = fencing
         self._runner = LoopThread()
         self._oracles: dict[str, TimestampOracle] = {}
+        self._opening: dict[str, asyncio.Task[TimestampOracle]] = {}  # one open per timeline
+        self._retiring: set[asyncio.Task[None]] = set()  # fenced oracles draining to close
+        self._shut = False
         self._closed_cache: dict[str, tuple[float, int]] = {}
         self.reopens = 0
         self.backend: Backend = self._runner.run(self._open_catalog())
@@ -105,31 +108,53 @@ class OracleClient:
             try:
                 return await fn(oracle)
             except Fenced as exc:
-                await self._drop(name, oracle, exc)
+                self._retire(name, oracle, exc)
+            except OracleClosed:
+                if self._shut:
+                    raise
+                # It was retired (another caller saw Fenced) between our lookup and our call:
+                # nothing was served by it, so run the call again on the current oracle.
         raise Fenced(f"the oracle for {name!r} kept moving during {MAX_REOPENS} reopenings")
 
     async def _oracle(self, timeline: str) -> TimestampOracle:
+        if self._shut:
+            raise OracleClosed("this client is closed; create a new OracleClient")
         oracle = self._oracles.get(timeline)
-        if oracle is None:
-            for attempt in range(MAX_REOPENS):
-                try:
-                    oracle = await open_oracle(self.url, timeline=timeline, implementation=None,
-                                               fencing=self._fencing)
-                    break
-                except Fenced:  # a flip landed between reading and opening: read again
-                    await asyncio.sleep(0.01 * (attempt + 1))
-            else:
-                raise Fenced(f"could not open the oracle for {timeline!r}: it keeps flipping")
-            self._oracles[timeline] = oracle
+        if oracle is not None:
+            return oracle
+        # Single flight: concurrent first calls share one open (eight opens of a legacy
+        # timeline would be eight leaders fencing each other).
+        task = self._opening.get(timeline)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._open(timeline))
+            self._opening[timeline] = task
+            task.add_done_callback(lambda _t: self._opening.pop(timeline, None))
+        return await asyncio.shield(task)
+
+    async def _open(self, timeline: str) -> TimestampOracle:
+        for attempt in range(MAX_REOPENS):
+            try:
+                oracle = await open_oracle(self.url, timeline=timeline, implementation=None,
+                                           fencing=self._fencing)
+                break
+            except Fenced:  # a flip landed between reading and opening: read again
+                await asyncio.sleep(0.01 * (attempt + 1))
+        else:
+            raise Fenced(f"could not open the oracle for {timeline!r}: it keeps flipping")
+        self._oracles[timeline] = oracle
         return oracle
 
-    async def _drop(self, timeline: str, oracle: TimestampOracle, exc: Fenced) -> None:
-        if self._oracles.get(timeline) is oracle:
-            del self._oracles[timeline]
-            self.reopens += 1
-            log.info("oracle for %s fenced (%s); reopening on the active implementation",
-                     timeline, exc)
-            await oracle.close()
+    def _retire(self, timeline: str, oracle: TimestampOracle, exc: Fenced) -> None:
+        """Stop handing out a fenced oracle; close it once its calls in flight are done."""
+        if self._oracles.get(timeline) is not oracle:
+            return
+        del self._oracles[timeline]
+        self.reopens += 1
+        log.info("oracle for %s fenced (%s); reopening on the active implementation",
+                 timeline, exc)
+        task = asyncio.get_running_loop().create_task(oracle.close())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     def read_ts(self, timeline: str | None = None) -> int:
         return self.call(lambda o: o.read_ts(), timeline)
@@ -175,9 +200,12 @@ class OracleClient:
 
     def close(self) -> None:
         async def shutdown() -> None:
-            for oracle in list(self._oracles.values()):
+            self._shut = True
+            await asyncio.gather(*self._opening.values(), return_exceptions=True)
+            oracles, self._oracles = list(self._oracles.values()), {}
+            for oracle in oracles:
                 await oracle.close()
-            self._oracles.clear()
+            await asyncio.gather(*self._retiring, return_exceptions=True)
             await self.backend.close()
 
         try:

@@ -69,7 +69,9 @@ class LocalPostgres:
         cmd = [str(a) for a in args]
         if self._as_postgres:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        # From "/": the server user may not be allowed into the caller's working folder (a
+        # checkout under a 0700 temporary or home folder), and pg_ctl changes into it first.
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd="/")
         if check and proc.returncode != 0:
             raise RuntimeError(f"{Path(cmd[0 if not self._as_postgres else 4]).name} failed: "
                                f"{proc.stderr.strip() or proc.stdout.strip()}")

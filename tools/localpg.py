@@ -81,14 +81,7 @@ class LocalPostgres:
         if (self.data / "PG_VERSION").exists():
             return
         self.base.mkdir(parents=True, exist_ok=True)
-        if self._as_postgres:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.base, pw.pw_uid, pw.pw_gid)
-            # The server user must be able to walk down to its folder (mkdtemp makes 0700 dirs).
-            for parent in self.base.parents:
-                mode = parent.stat().st_mode
-                if not mode & 0o001:
-                    parent.chmod(mode | 0o001)
+        self._grant_access()
         self._run(self.bin / "initdb", "-D", self.data, "-U", "postgres", "--auth-local=trust",
                   "--auth-host=scram-sha-256", "-E", "UTF8", "--no-instructions")
         # fsync=off survives a server crash (the OS keeps the WAL); synchronous_commit stays on
@@ -104,12 +97,25 @@ class LocalPostgres:
             )
         self.port_file.write_text(str(self.port))
 
+    def _grant_access(self) -> None:
+        """The server user owns its folder and can walk down to it (mkdtemp makes 0700 dirs,
+        and a folder may have been re-created or tightened since the cluster was made)."""
+        if not self._as_postgres:
+            return
+        pw = pwd.getpwnam("postgres")
+        os.chown(self.base, pw.pw_uid, pw.pw_gid)
+        for parent in self.base.parents:
+            mode = parent.stat().st_mode
+            if not mode & 0o001:
+                parent.chmod(mode | 0o001)
+
     def running(self) -> bool:
         status = self._run(self.bin / "pg_ctl", "-D", self.data, "status", check=False)
         return status.returncode == 0
 
     def start(self) -> str:
         self.init()
+        self._grant_access()
         if not self.running():
             self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.base / "server.log",
                       "-w", "-t", "60", "start")

@@ -12,12 +12,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 from tsoracle.errors import ConfigError
 from tsoracle.oracle import GroupCommitter, flip, init, open_oracle
 from tsoracle.oracle import metrics as m
-from tsoracle.store import parse_url
+from tsoracle.store import has_schema, parse_url, url_with_schema
 
 TIMELINE = "counter:bench"
 BENCH_SCHEMA = "tsoracle_bench"
@@ -53,8 +52,8 @@ def bench_url(url: str) -> str:
     (say through $TSORACLE_URL) it would move that deployment to another implementation.
     """
     named = parse_url(url).schema
-    if "schema" not in dict(parse_qsl(urlsplit(url).query)):
-        return url + ("&" if "?" in url else "?") + f"schema={BENCH_SCHEMA}"
+    if not has_schema(url):
+        return url_with_schema(url, BENCH_SCHEMA)
     if named == BENCH_SCHEMA or named.startswith(BENCH_SCHEMA + "_"):
         return url
     raise ConfigError(

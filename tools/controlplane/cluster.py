@@ -69,11 +69,11 @@ def build(name: str, version: str) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
     print(f"building {name} {version} from Go modules (minutes, once)...", file=sys.stderr)
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # concurrent builds must not collide
     ldflags = " ".join(["-s", "-w", *version_ldflags(name, version)])
     subprocess.run(["go", "build", "-p", "2", "-trimpath", f"-ldflags={ldflags}", "-o", str(tmp),
                     "."], cwd=HERE / name, env=env, check=True)
-    tmp.rename(out)
+    os.replace(tmp, out)  # atomic: a concurrent build of the same recipe wins or loses whole
     return out
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import random
@@ -295,12 +296,17 @@ class Progress:
 
 
 def checker_binary() -> Path:
-    out = CACHE / "lincheck"
-    sources = sorted(HERE.glob("*.go")) + [HERE / "go.mod", HERE / "go.sum"]
-    if not out.exists() or out.stat().st_mtime < max(p.stat().st_mtime for p in sources):
+    """The Go checker, built once per source version (named by a digest of its sources)."""
+    digest = hashlib.sha256()
+    for source in sorted(HERE.glob("*.go")) + [HERE / "go.mod", HERE / "go.sum"]:
+        digest.update(source.name.encode() + source.read_bytes())
+    out = CACHE / f"lincheck-{digest.hexdigest()[:10]}"
+    if not out.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
-        subprocess.run(["go", "build", "-o", str(out), "."], cwd=HERE, env=env, check=True)
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+        subprocess.run(["go", "build", "-o", str(tmp), "."], cwd=HERE, env=env, check=True)
+        os.replace(tmp, out)
     return out
 
 

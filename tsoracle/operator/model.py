@@ -10,6 +10,7 @@ from tsoracle.errors import ConfigError, InvalidTimeline
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.oracle.status import Status
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
+from tsoracle.store import url_with_schema
 
 GROUP = "tsoracle.io"
 VERSION = "v1alpha1"
@@ -64,9 +65,7 @@ def parse_spec(spec: Mapping[str, Any]) -> OracleSpec:
 
 def with_schema(url: str, schema: str) -> str:
     """The backend URL with the resource's schema (a schema already in the URL wins)."""
-    if "schema=" in url:
-        return url
-    return url + ("&" if "?" in url else "?") + f"schema={schema}"
+    return url_with_schema(url, schema)
 
 
 @dataclass(frozen=True)

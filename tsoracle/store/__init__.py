@@ -3,7 +3,14 @@
 from tsoracle.store.backend import Backend, Rows, Tx, open_backend
 from tsoracle.store.dialect import U64_MAX
 from tsoracle.store.retry import RetryPolicy
-from tsoracle.store.url import DEFAULT_URL, BackendURL, parse_url
+from tsoracle.store.url import (
+    DEFAULT_URL,
+    BackendURL,
+    has_schema,
+    parse_url,
+    secret_forms,
+    url_with_schema,
+)
 
 __all__ = [
     "DEFAULT_URL",
@@ -14,5 +21,8 @@ __all__ = [
     "Rows",
     "Tx",
     "open_backend",
+    "has_schema",
     "parse_url",
+    "secret_forms",
+    "url_with_schema",
 ]

@@ -1,18 +1,32 @@
-"""Backend URLs: parse, validate, and render without secrets."""
+"""Backend URLs: parse, validate, and render without secrets.
+
+PostgreSQL locations are parsed by libpq's own rules (through psycopg), in either form it
+accepts: `postgresql://user:pass@host:port/db?…` (percent-encoded) or `host=… user=… …`. The
+extra parameter `schema` picks tsoracle's schema. Nothing a parser rejects is ever echoed: it may
+be part of a password.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from tsoracle.errors import ConfigError
 
 DEFAULT_SCHEMA = "tsoracle"
 DEFAULT_URL = "sqlite:///tsoracle.db"
-_SECRET_KEYS = {"password", "sslpassword", "passfile"}
+_SECRET_KEYS = {"password", "sslpassword", "passfile", "sslkey", "sslcert"}
 _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_PG_SCHEMES = ("postgresql://", "postgres://", "cockroachdb://")
+# `schema=name` in a key=value DSN (libpq does not know it, so it is taken out first).
+_DSN_SCHEMA_RE = re.compile(r"(?:^|\s)schema\s*=\s*(\S*)")
+_MALFORMED = (
+    "the backend URL is malformed; if the user name or password contains / ? # @ % or a space, "
+    "percent-encode it (/ as %2F, ? as %3F, # as %23, @ as %40, % as %25) or use the key=value "
+    "form: host=… port=… dbname=… user=… password=…"
+)
 
 
 @dataclass(frozen=True)
@@ -20,60 +34,158 @@ class BackendURL:
     """A parsed backend location. `dsn` may hold a password: never log it, use `safe`."""
 
     kind: str  # "postgresql" or "sqlite"
-    dsn: str = field(repr=False)  # libpq conninfo URL for PostgreSQL, file path for SQLite
+    dsn: str = field(repr=False)  # libpq key=value conninfo for PostgreSQL, a path for SQLite
     schema: str
-    safe: str  # the URL with the password masked, fit for messages
+    safe: str  # the location with the password masked, fit for messages
 
     password: str = field(default="", repr=False)
+    host: str = ""
+    # Every secret the location spelled out (a URL may carry a password twice).
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def is_sqlite(self) -> bool:
         return self.kind == "sqlite"
 
     def scrub(self, text: str) -> str:
-        """Mask the password wherever a driver message might echo it."""
-        return text.replace(self.password, "***") if self.password else text
+        """Mask the password wherever a driver message might echo it (in any letter case)."""
+        for secret in {self.password, *self.secrets}:
+            text = _replace_all(text, secret_forms(secret), "***")
+        return text
 
 
 def parse_url(url: str) -> BackendURL:
-    """Parse `postgresql://…`, `postgres://…` or `sqlite:///path`; `?schema=` picks the schema."""
+    """Parse a PostgreSQL URL or key=value DSN, or `sqlite:///path`; `schema` picks the schema."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError("backend URL is empty; pass e.g. sqlite:///tsoracle.db or postgresql://…")
-    try:
-        parts = urlsplit(url.strip())
-        port = parts.port  # raises ValueError on a non-numeric port
-    except ValueError as exc:
-        raise ConfigError(f"backend URL is malformed ({exc}); check host and port") from None
-    scheme = parts.scheme.lower()
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    schema = query.pop("schema", DEFAULT_SCHEMA)
-    if not _SCHEMA_RE.match(schema):
-        raise ConfigError(f"schema {schema!r} is not a plain SQL identifier (letters, digits, _)")
-    if scheme in ("postgresql", "postgres", "cockroachdb"):
-        if not parts.hostname and "host" not in query:
-            raise ConfigError("PostgreSQL URL has no host; expected postgresql://user@host:port/db")
-        rest = urlencode(query)
-        dsn = urlunsplit(("postgresql", parts.netloc, parts.path, rest, ""))
-        secret = parts.password or query.get("password", "")
-        return BackendURL("postgresql", dsn, schema, _mask(parts, port, query), secret)
-    if scheme == "sqlite":
-        if parts.netloc not in ("", "localhost"):
-            raise ConfigError("SQLite URL must look like sqlite:///relative/path or sqlite:////abs")
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
-        if not path:
-            raise ConfigError("SQLite URL has no file path; expected sqlite:///tsoracle.db")
-        return BackendURL("sqlite", os.path.abspath(path), schema, f"sqlite:///{path}")
-    shown = scheme or "(none)"
+    text = url.strip()
+    lowered = text.lower()
+    if lowered.startswith("sqlite:"):
+        return _parse_sqlite(text)
+    if lowered.startswith(_PG_SCHEMES) or ("=" in text and "://" not in text):
+        return _parse_postgres(text)
+    scheme = text.split("://", 1)[0] if "://" in text else "(none)"
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,20}", scheme):
+        scheme = "(unrecognised)"  # never echo what may be a secret
     raise ConfigError(
-        f"unsupported URL scheme {shown!r}; use postgresql://, postgres:// or sqlite:///"
+        f"unsupported URL scheme {scheme!r}; use postgresql://, postgres://, a key=value DSN "
+        "(host=… dbname=…) or sqlite:///"
     )
 
 
-def _mask(parts: SplitResult, port: int | None, query: dict[str, str]) -> str:
-    user = parts.username or ""
-    cred = f"{user}:***@" if parts.password else (f"{user}@" if user else "")
-    host = parts.hostname or ""
-    hostport = f"{host}:{port}" if port else host
-    shown = {k: ("***" if k.lower() in _SECRET_KEYS else v) for k, v in query.items()}
+def url_with_schema(url: str, schema: str) -> str:
+    """`url` with `schema` added, unless it already names one (that one wins)."""
+    if has_schema(url):
+        return url
+    text = url.strip()
+    if text.lower().startswith(("sqlite:", *_PG_SCHEMES)):
+        query = text.split("#", 1)[0]
+        return text + ("&" if "?" in query else "?") + f"schema={schema}"
+    return f"{text} schema={schema}"
+
+
+def has_schema(url: str) -> bool:
+    text = url.strip()
+    if text.lower().startswith(("sqlite:", *_PG_SCHEMES)):
+        return any(k == "schema" for k, _ in parse_qsl(_query(text), keep_blank_values=True))
+    return bool(_DSN_SCHEMA_RE.search(text))
+
+
+def secret_forms(secret: str) -> list[str]:
+    """A secret as it may appear in text: raw and percent-encoded."""
+    if len(secret) < 3:  # too short to mask without garbling ordinary words
+        return []
+    return sorted({secret, quote(secret, safe=""), quote(secret)}, key=len, reverse=True)
+
+
+def _replace_all(text: str, needles: list[str], mask: str) -> str:
+    for needle in needles:
+        text = re.sub(re.escape(needle), mask, text, flags=re.IGNORECASE)
+    return text
+
+
+def _query(text: str) -> str:
+    rest = text.split("://", 1)[1] if "://" in text else text
+    rest = rest.split("#", 1)[0]
+    return rest.split("?", 1)[1] if "?" in rest else ""
+
+
+def _parse_sqlite(text: str) -> BackendURL:
+    parts = urlsplit(text)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    schema = _check_schema(query.pop("schema", DEFAULT_SCHEMA))
+    if parts.netloc not in ("", "localhost"):
+        raise ConfigError("SQLite URL must look like sqlite:///relative/path or sqlite:////abs")
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path:
+        raise ConfigError("SQLite URL has no file path; expected sqlite:///tsoracle.db")
+    return BackendURL("sqlite", os.path.abspath(path), schema, f"sqlite:///{path}")
+
+
+def _parse_postgres(text: str) -> BackendURL:
+    from psycopg import conninfo  # the driver's parser: libpq's own rules
+
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        # An authority ends at the first / ? #; an @ after that means a character of the
+        # password was not encoded and the real host is somewhere in what looks like a path.
+        cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0),
+                  default=len(rest))
+        if "@" in rest[cut:]:
+            raise ConfigError(_MALFORMED)
+        base, _, query = rest.split("#", 1)[0].partition("?")
+        pairs = parse_qsl(query, keep_blank_values=True)
+        schema = _check_schema(next((v for k, v in pairs if k == "schema"), DEFAULT_SCHEMA))
+        rest_query = urlencode([(k, v) for k, v in pairs if k != "schema"])
+        dsn_text = f"postgresql://{base}" + (f"?{rest_query}" if rest_query else "")
+    else:
+        found = _DSN_SCHEMA_RE.search(text)
+        schema = _check_schema(found.group(1) if found else DEFAULT_SCHEMA)
+        dsn_text = _DSN_SCHEMA_RE.sub(" ", text).strip()
+    try:
+        params = {k: str(v) for k, v in conninfo.conninfo_to_dict(dsn_text).items()
+                  if v is not None}
+    except Exception:  # the parser's message may quote the password
+        raise ConfigError(_MALFORMED) from None
+    host = params.get("host") or params.get("hostaddr") or ""
+    if not host:
+        raise ConfigError(
+            "the PostgreSQL location has no host; expected postgresql://user@host:port/db "
+            "or host=… dbname=…"
+        )
+    for port in params.get("port", "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(_MALFORMED.replace("malformed;", "malformed (a port is not a "
+                                                 "number from 1 to 65535);"))
+    password = params.get("password", "")
+    secrets = {password, params.get("sslpassword", "")}
+    if "://" in dsn_text:
+        try:
+            secrets.add(unquote(urlsplit(dsn_text).password or ""))
+        except ValueError:
+            pass
+    return BackendURL("postgresql", conninfo.make_conninfo(**params), schema, _safe(params),
+                      password, host, tuple(sorted(s for s in secrets if s)))
+
+
+def _safe(params: dict[str, str]) -> str:
+    user = params.get("user", "")
+    cred = f"{quote(user, safe='')}{':***' if params.get('password') else ''}@" if user else (
+        ":***@" if params.get("password") else "")
+    host = params.get("host") or params.get("hostaddr", "")
+    port = params.get("port")
+    where = f"{host}:{port}" if port else host
+    db = params.get("dbname", "")
+    shown = {k: ("***" if k.lower() in _SECRET_KEYS else v) for k, v in params.items()
+             if k not in ("user", "password", "host", "hostaddr", "port", "dbname")}
     q = f"?{urlencode(shown)}" if shown else ""
-    return f"postgresql://{cred}{hostport}{parts.path}{q}"
+    return f"postgresql://{cred}{where}/{quote(db, safe='')}{q}"
+
+
+def _check_schema(schema: str) -> str:
+    if not _SCHEMA_RE.match(schema):
+        raise ConfigError(
+            "the schema (?schema=) must be a plain SQL identifier: letters, digits and _, "
+            "starting with a letter or _, at most 63 characters"
+        )
+    return schema

@@ -88,7 +88,9 @@ async def test_rollout_mode_fences_only_during_the_rollout(url):
         await a.read_ts()
     dep = await tsoracle.finish_rollout(url)
     assert not dep.rollout
-    assert await a.read_ts() >= 1  # old epoch, active implementation, rollout over: allowed
+    # Old epoch, active implementation, rollout over: allowed. The write was never applied, so
+    # no flip moved read_ts past it.
+    assert await a.read_ts() == 0
     await tsoracle.set_fencing(url, "Always")
     with pytest.raises(tsoracle.Fenced):
         await a.read_ts()
@@ -192,5 +194,38 @@ async def test_disabled_gives_up_only_fresh_reads_on_a_superseded_leader(url):
         for _ in range(10):
             handed.append((await old.write_ts()).timestamp)
     assert len(handed) == len(set(handed))
+    await old.close()
+    await new.close()
+
+
+async def test_bootstrap_never_moves_read_ts_past_an_unapplied_write(url):
+    # Before the fix: apply 1, allocate 2 (not applied), flip to legacy -> legacy read_ts 2;
+    # flip back -> distributed read_ts 1003, the whole reserved window.
+    await tsoracle.init(url, timelines=[COUNTER])
+    async with tsoracle.connect(url, timeline=COUNTER) as d:
+        await d.apply_write((await d.write_ts()).timestamp)
+        pending = (await d.write_ts()).timestamp  # allocated, never applied
+    result = await tsoracle.flip(url, to="legacy")
+    async with tsoracle.connect(url, timeline=COUNTER, implementation="legacy") as legacy:
+        assert await legacy.read_ts() == 1
+        assert (await legacy.write_ts()).timestamp > pending
+    assert result.bootstrap[COUNTER] >= pending and result.read_bootstrap[COUNTER] == 1
+    await tsoracle.flip(url, to="distributed")
+    async with tsoracle.connect(url, timeline=COUNTER) as d:
+        assert await d.read_ts() == 1
+        assert (await d.write_ts()).timestamp > pending + 1000  # above the legacy window
+
+
+async def test_a_new_legacy_leader_reads_from_the_last_applied_write(url):
+    await tsoracle.init(url, timelines=[COUNTER], implementation="legacy")
+    old = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy")
+    applied = (await old.write_ts()).timestamp
+    await old.apply_write(applied)
+    pending = (await old.write_ts()).timestamp
+    new = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy")
+    assert await new.read_ts() == applied  # before the fix: the old leader's reserved upper
+    assert (await new.write_ts()).timestamp > pending
+    with pytest.raises(tsoracle.Fenced):  # the old leader's apply of `pending` is fenced
+        await old.apply_write(pending)
     await old.close()
     await new.close()

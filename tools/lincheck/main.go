@@ -105,19 +105,17 @@ func step(s0 interface{}, in interface{}, out interface{}) (bool, interface{}) {
 	case "apply":
 		return true, state{max(s.Read, i.Arg), max(s.WLB, i.Arg)}
 	case "reset", "flip":
-		// A new legacy leader resumes at its predecessor's reserved upper; a flip bootstraps
-		// the target to the maximum of everything. Either must cover all that came before.
+		// A new legacy leader resumes writes above its predecessor's reserved upper; a flip
+		// starts the target's writes above everything handed out. Either must cover all that
+		// came before. Neither moves the read frontier: reads resume at the last applied
+		// timestamp, so a write allocated but not yet applied stays invisible.
 		if o.Unknown {
-			if i.Op == "reset" {
-				// A take-over whose outcome is unknown serves nothing (the worker gave up on
-				// it); the next leader's reset carries the real resume value. Letting it raise
-				// read would excuse a later read of an unapplied write.
-				return true, s
-			}
-			return true, state{max(s.Read, s.WLB), max(s.Read, s.WLB)}
+			// An unknown take-over or flip changes nothing a later operation relies on: the
+			// worker that tried it serves nothing, and the next one carries the real value.
+			return true, s
 		}
 		if o.Value >= s.Read && o.Value >= s.WLB {
-			return true, state{o.Value, o.Value}
+			return true, state{s.Read, o.Value}
 		}
 		return false, s
 	}

@@ -326,7 +326,7 @@ def porcupine(paths: list[Path], html: Path, *, run_id: str | None = None,
 
 
 def invariants(paths: list[Path]) -> tuple[list[str], int]:
-    """Fast checks on completed operations; resets and flips count as applies."""
+    """Fast checks on completed operations (resets and flips move no read frontier)."""
     calls: dict[str, dict[str, Any]] = {}
     rets: dict[str, dict[str, Any]] = {}
     for p in paths:
@@ -343,7 +343,7 @@ def invariants(paths: list[Path]) -> tuple[list[str], int]:
         if r is None or not r["ok"]:
             continue
         kind = {"write": "write", "read": "read", "peek": None, "apply": "apply",
-                "reset": "apply", "flip": "apply"}[c["op"]]
+                "reset": None, "flip": None}[c["op"]]
         if kind is None:
             continue
         value = c["arg"] if c["op"] == "apply" else r["value"]

@@ -33,6 +33,12 @@ _RESERVE = (
     " read_ts = GREATEST(read_ts, %(read)s::numeric) " + _WHERE +
     f" AND leader_epoch = %(leader_epoch)s AND {GUARD} RETURNING write_ts, fence"
 )
+# An apply persists the read frontier before any read may return it, so a successor (or a
+# flip) starts reads exactly there: never below a returned read, never past an unapplied write.
+_PERSIST_READ = (
+    "UPDATE {timestamps} SET read_ts = GREATEST(read_ts, %(read)s::numeric) " + _WHERE +
+    f" AND leader_epoch = %(leader_epoch)s AND {GUARD} RETURNING read_ts, fence"
+)
 _CONFIRM = f"SELECT leader_epoch = %(leader_epoch)s AND {GUARD}, fence FROM {{timestamps}} " \
     + _WHERE
 
@@ -65,6 +71,8 @@ class Leadership:
         self.fencing_override = fencing_override  # this process only, for experiments
         self._on_query = on_query or (lambda _name: None)
         self._confirms = Coalescer(self._confirm_once, on_batch)
+        self._pending_read = 0
+        self._persists = Coalescer(self._persist_read_once)
         self._confirm_conn = backend.pinned()  # confirmations run one at a time
         self.fenced: Fenced | None = None
 
@@ -102,6 +110,22 @@ class Leadership:
         self.mode = rows[0][1]
         return self.backend.dec(rows[0][0])
 
+    async def persist_read(self, read_ts: int) -> None:
+        """Durably raise the read frontier to `read_ts` (a guarded write: it also confirms the
+        leadership). Concurrent calls share one statement with the largest value."""
+        self.check()
+        self._pending_read = max(self._pending_read, read_ts)
+        await self._persists.call()
+
+    async def _persist_read_once(self) -> None:
+        self.check()
+        self._on_query("persist_read")
+        rows = await self.backend.fetch(
+            _PERSIST_READ, self._params(read=self.backend.enc(self._pending_read)))
+        if not rows:
+            raise await self._explain()
+        self.mode = rows[0][1]
+
     async def confirm(self) -> None:
         """Raise Fenced unless the storage still names this process leader; callers share calls."""
         self.check()
@@ -118,8 +142,9 @@ class Leadership:
             raise await self._explain()
 
     async def idle(self) -> None:
-        """Wait for a confirmation batch still running on the pinned connection."""
+        """Wait for batches still running (on the pinned connection, or the pool)."""
         await self._confirms.idle()
+        await self._persists.idle()
 
     async def close(self) -> None:
         await self._confirm_conn.close()

@@ -14,7 +14,12 @@ class FlipResult:
     implementation: str
     previous: str
     changed: bool
-    bootstrap: dict[str, int] = field(default_factory=dict)  # timeline -> target's start
+    # timeline -> the largest timestamp any implementation handed out or reserved: the
+    # target's write_ts starts there (its first write_ts is above it)
+    bootstrap: dict[str, int] = field(default_factory=dict)
+    # timeline -> the largest applied read frontier: the target's read_ts starts there, not at
+    # `bootstrap`, so writes allocated but not applied stay invisible
+    read_bootstrap: dict[str, int] = field(default_factory=dict)
 
 
 async def flip_backend(backend: Backend, to: str) -> FlipResult:
@@ -32,13 +37,15 @@ async def flip_backend(backend: Backend, to: str) -> FlipResult:
             " ORDER BY timeline, implementation FOR UPDATE"
         )
         top: dict[str, int] = {}
+        read_top: dict[str, int] = {}
         for timeline, impl, read_ts, write_ts in rows:
-            value = max(backend.dec(read_ts), backend.dec(write_ts))
+            read, write = backend.dec(read_ts), backend.dec(write_ts)
             if dep.implementation == to and impl != to:
                 continue  # already there: report the target's own position
-            top[timeline] = max(top.get(timeline, 0), value)
+            top[timeline] = max(top.get(timeline, 0), read, write)
+            read_top[timeline] = max(read_top.get(timeline, 0), read)
         if dep.implementation == to:
-            return FlipResult(dep.epoch, to, to, False, top)
+            return FlipResult(dep.epoch, to, to, False, top, read_top)
         epoch = dep.epoch + 1
         rollout = dep.fence == "Rollout"
         await tx.fetch(
@@ -49,9 +56,10 @@ async def flip_backend(backend: Backend, to: str) -> FlipResult:
         for timeline, value in top.items():
             await tx.fetch(
                 "UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(top)s::numeric),"
-                " read_ts = GREATEST(read_ts, %(top)s::numeric)"
+                " read_ts = GREATEST(read_ts, %(read)s::numeric)"
                 " WHERE timeline = %(timeline)s AND implementation = %(to)s",
-                {"top": backend.enc(value), "timeline": timeline, "to": to},
+                {"top": backend.enc(value), "read": backend.enc(read_top[timeline]),
+                 "timeline": timeline, "to": to},
             )
         # The leader epoch bump fences any legacy leader, whichever way we flip.
         await tx.fetch(
@@ -59,6 +67,6 @@ async def flip_backend(backend: Backend, to: str) -> FlipResult:
             " rollout = %(rollout)s, leader_epoch = leader_epoch + 1",
             {"epoch": epoch, "to": to, "rollout": rollout},
         )
-        return FlipResult(epoch, to, dep.implementation, True, top)
+        return FlipResult(epoch, to, dep.implementation, True, top, read_top)
 
     return await backend.transaction(body)

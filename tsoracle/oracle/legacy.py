@@ -42,8 +42,10 @@ class LegacyOracle(TimestampOracle):
     async def start(self) -> None:
         """Take over the timeline; a previous leader is fenced from now on."""
         state = await self.leadership.start()
-        # The old leader may have handed out anything up to its reserved upper.
-        self._read = self._write = self._upper = state.upper
+        # The old leader may have handed out anything up to its reserved upper, and every read
+        # it returned was persisted first: reads resume there, writes above the upper.
+        self._read = state.read_ts
+        self._write = self._upper = state.upper
         self.resumed_at = state.upper  # histories record this as the leader's starting point
         await self._extend(self._write + 1)
 
@@ -85,8 +87,12 @@ class LegacyOracle(TimestampOracle):
         while ts > self._upper:
             await self._extend(ts)
         self._write = max(self._write, ts)
+        if ts <= self._read:
+            await self._release()
+            return
+        # Durable before any read_ts can return it (the guarded write also confirms).
+        await self.leadership.persist_read(ts)
         self._read = max(self._read, ts)
-        await self._release()
 
     async def _confirm_leadership(self) -> None:
         await self.leadership.confirm()

@@ -12,6 +12,8 @@ from localpg import LocalPostgres
 from support.workload import Recorder
 
 import tsoracle
+from tsoracle.oracle.connect import admin_backend
+from tsoracle.store.schema import drop_schema, schema_exists
 
 COUNTER = "counter:server"
 
@@ -184,3 +186,42 @@ async def test_pool_exhaustion_says_so(pg_url):
             with pytest.raises(tsoracle.OracleUnavailable, match="no free connection") as err:
                 await o.write_ts()
         assert "pool_size" in str(err.value) and "server is up" not in str(err.value)
+
+
+@pytest.mark.parametrize("schema", ["public", "shared_app"])
+async def test_deleting_never_drops_the_users_tables(pg, database, schema):
+    # Before the fix, deletionPolicy: Delete ran DROP SCHEMA … CASCADE: with `schema: public`
+    # it dropped a pre-existing application table public.invoices.
+    import psycopg
+
+    url = f"{database}?schema={schema}"
+    admin = database.replace("?", "")
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        await conn.execute(f"CREATE TABLE {schema}.invoices (id INT PRIMARY KEY)")
+        await conn.execute(f"INSERT INTO {schema}.invoices VALUES (1), (2)")
+    await tsoracle.init(url)
+    async with admin_backend(url) as backend:
+        dropped = await drop_schema(backend)
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+        cur = await conn.execute("SELECT count(*) FROM information_schema.tables WHERE"
+                                 f" table_schema = '{schema}' AND table_name = 'invoices'")
+        assert (await cur.fetchone())[0] == 1, "the user's table was dropped"
+        cur = await conn.execute(f"SELECT count(*) FROM {schema}.invoices")
+        assert (await cur.fetchone())[0] == 2
+    async with admin_backend(url) as backend:
+        assert not await schema_exists(backend)  # tsoracle's own tables are gone
+    assert dropped is False  # the schema was kept: it is not empty
+
+
+async def test_deleting_drops_a_schema_that_only_held_tsoracle(pg, database):
+    import psycopg
+
+    url = f"{database}?schema=only_ours"
+    await tsoracle.init(url)
+    async with admin_backend(url) as backend:
+        assert await drop_schema(backend) is True
+    async with await psycopg.AsyncConnection.connect(database, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM information_schema.schemata WHERE schema_name = 'only_ours'")
+        assert (await cur.fetchone())[0] == 0

@@ -45,8 +45,12 @@ class Dialect:
         raise NotImplementedError
 
     def drop_ddl(self) -> list[Any]:
-        """Statements that remove everything tsoracle created."""
+        """Statements that remove tsoracle's own tables (nothing else, and no CASCADE)."""
         return [self.render("DROP TABLE IF EXISTS {" + t + "}") for t in TABLES]
+
+    def drop_schema_ddl(self) -> Any | None:
+        """A statement that drops the schema if it is empty, or None (no schemas here)."""
+        return None
 
     def optional_ddl(self) -> list[Any]:
         """Statements worth trying that some servers reject (CockroachDB-only options)."""
@@ -110,8 +114,16 @@ class PostgresDialect(Dialect):
         ]
 
     def drop_ddl(self) -> list[Any]:
-        schema = sql.Identifier(self.schema)
-        return [sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(schema).as_string(None)]
+        # tsoracle's own tables only, never CASCADE: a schema may hold the user's tables too
+        # (a resource may even name `public`). The schema itself goes in drop_schema_ddl.
+        return super().drop_ddl()
+
+    def drop_schema_ddl(self) -> Any | None:
+        """Drop the schema if nothing is left in it (PostgreSQL refuses otherwise)."""
+        if self.schema == "public":
+            return None  # a database's default schema is never ours to drop
+        return sql.SQL("DROP SCHEMA IF EXISTS {}").format(
+            sql.Identifier(self.schema)).as_string(None)
 
     def optional_ddl(self) -> list[Any]:
         # Hot single rows leave many MVCC versions behind on CockroachDB; a short GC TTL keeps

@@ -41,7 +41,17 @@ async def schema_exists(backend: Backend) -> bool:
     return True
 
 
-async def drop_schema(backend: Backend) -> None:
-    """Remove the schema and its tables (deletionPolicy: Delete)."""
+async def drop_schema(backend: Backend) -> bool:
+    """Remove tsoracle's tables, then the schema if nothing else is in it (deletionPolicy:
+    Delete). Returns whether the schema itself was dropped; other objects are never touched."""
     for statement in backend.dialect.drop_ddl():
         await backend.execute_ddl(statement)
+    statement = backend.dialect.drop_schema_ddl()
+    if statement is None:
+        return False
+    try:
+        await backend.execute_ddl(statement)
+    except OracleUnavailable:
+        log.info("schema %s still holds other objects; kept", backend.url.schema)
+        return False
+    return True

@@ -98,3 +98,41 @@ async def test_bad_timestamps_are_rejected(url):
         for bad in (-1, 2**64, "7", 1.5, True):
             with pytest.raises(tsoracle.ConfigError):
                 await o.apply_write(bad)
+
+
+@pytest.mark.parametrize(("url", "schema", "password"), [
+    # key=value: `schema=` inside a quoted or escaped password is part of the password
+    ("host=h password='x schema=evil ' user=u", "tsoracle", "x schema=evil "),
+    ("host=h password=abc\\ schema=bench", "tsoracle", "abc schema=bench"),
+    ("host=h dbname=d schema=s1 password=pw", "s1", "pw"),
+    # URL: libpq reads + literally; a legitimate @ may sit in the query
+    ("postgresql://u:a+b@h/db?schema=s2", "s2", "a+b"),
+    ("postgresql://h/db?user=admin@myserver&schema=s3", "s3", ""),
+])
+def test_locations_parse_by_libpq_rules(url, schema, password):
+    parsed = parse_url(url)
+    assert (parsed.schema, parsed.password) == (schema, password)
+    if password:
+        assert password not in parsed.safe
+
+
+def test_query_values_keep_their_plus_and_spaces():
+    parsed = parse_url("postgresql://h/db?application_name=a+b&options=-c%20x%3D1")
+    assert "application_name=a+b" in parsed.dsn and "options='-c x=1'" in parsed.dsn
+
+
+@pytest.mark.parametrize("bad", ["postgresql://u:s@cret@h/db", "host=h port=\u00b2",
+                                 "sqlite://[bad/x.db", "host=h password='unterminated"])
+def test_more_malformed_locations_are_config_errors(bad):
+    with pytest.raises(tsoracle.ConfigError) as err:
+        parse_url(bad)
+    assert "cret" not in str(err.value) and "unterminated" not in str(err.value)
+
+
+def test_a_schema_is_added_before_a_fragment():
+    from tsoracle.store import has_schema, url_with_schema
+
+    url = url_with_schema("postgresql://u:pw@h/db#frag", "tsoracle_bench")
+    assert parse_url(url).schema == "tsoracle_bench"
+    assert not has_schema("host=h password='x schema=evil '")
+    assert has_schema("host=h schema=a")

@@ -229,3 +229,64 @@ async def test_a_new_legacy_leader_reads_from_the_last_applied_write(url):
         await old.apply_write(pending)
     await old.close()
     await new.close()
+
+
+async def test_a_superseded_disabled_leader_cannot_allocate(url):
+    # Review finding: under Disabled the superseded leader handed out write_ts 1 after the new
+    # leader's read 1002 had completed.
+    await tsoracle.init(url, timelines=[COUNTER], implementation="legacy", fencing="Disabled")
+    old = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy")
+    new = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy")
+    w = (await new.write_ts()).timestamp
+    await new.apply_write(w)
+    assert await new.read_ts() == w
+    with pytest.raises(tsoracle.Fenced):
+        await old.write_ts()
+    await old.close()
+    await new.close()
+
+
+async def test_disabled_reads_are_stale_for_a_bounded_time(url):
+    # A read-only superseded leader under Disabled still confirms every
+    # DISABLED_MAX_STALENESS_S, so its stale reads end and it learns of mode changes.
+    from tsoracle.oracle.legacy import DISABLED_MAX_STALENESS_S
+
+    await tsoracle.init(url, timelines=[COUNTER], implementation="legacy", fencing="Disabled")
+    old = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy")
+    new = await tsoracle.open_oracle(url, timeline=COUNTER, implementation="legacy")
+    await new.apply_write((await new.write_ts()).timestamp)
+    await asyncio.sleep(DISABLED_MAX_STALENESS_S * 1.2)
+    with pytest.raises(tsoracle.Fenced):
+        await old.read_ts()
+    await old.close()
+    await new.close()
+
+
+async def test_a_failed_apply_is_not_made_durable_by_a_later_lower_one(sqlite_url):
+    # Review finding: the pending read value outlived a failed persist, so a later apply of a
+    # lower timestamp persisted it and a take-over exposed the never-applied write. The
+    # failure is injected (one statement raises) on a real SQLite backend: no real fault can
+    # be timed to hit exactly that statement.
+    await tsoracle.init(sqlite_url, timelines=[COUNTER], implementation="legacy")
+    leader = await tsoracle.open_oracle(sqlite_url, timeline=COUNTER, implementation="legacy")
+    low = (await leader.write_ts()).timestamp
+    high = (await leader.write_ts()).timestamp
+    real_fetch = leader.backend.fetch
+    failing = {"armed": True}
+
+    async def fetch_failing_once(statement, params=None, **kw):
+        if failing["armed"] and "SET read_ts = GREATEST(read_ts" in statement:
+            failing["armed"] = False
+            raise tsoracle.OracleUnavailable("injected: the persist of apply_write failed")
+        return await real_fetch(statement, params, **kw)
+
+    leader.backend.fetch = fetch_failing_once
+    with pytest.raises(tsoracle.OracleUnavailable, match="injected"):
+        await leader.apply_write(high)
+    await leader.apply_write(low)
+    assert await leader.read_ts() == low
+    successor = await tsoracle.open_oracle(sqlite_url, timeline=COUNTER,
+                                           implementation="legacy")
+    assert await successor.read_ts() == low  # not `high`: it was never applied
+    await successor.close()
+    await leader.close()

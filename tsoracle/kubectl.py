@@ -142,7 +142,7 @@ def fencing(api: Api, name: str, state: str) -> int:
     print(f"{name}: fencing {state} (spec.fencing={mode})")
     if mode == "Disabled":
         print("warning: with fencing off a superseded legacy leader can serve stale reads "
-              "until its next window reservation (timestamps stay unique)",
+              "for up to a second (timestamps stay unique)",
               file=sys.stderr)
     return 0
 

@@ -7,6 +7,7 @@ it lost, from the storage, before it hands out anything the new leader could con
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -71,15 +72,20 @@ class Leadership:
         self.fencing_override = fencing_override  # this process only, for experiments
         self._on_query = on_query or (lambda _name: None)
         self._confirms = Coalescer(self._confirm_once, on_batch)
-        self._pending_read = 0
+        self._pending_reads: list[int] = []  # values of the callers the next persist serves
         self._persists = Coalescer(self._persist_read_once)
         self._confirm_conn = backend.pinned()  # confirmations run one at a time
         self.fenced: Fenced | None = None
+        self._confirmed_at = time.monotonic()  # last time the storage named this leader
 
     @property
     def confirms_reads(self) -> bool:
         """Confirm before answering from memory, unless the mode (as last seen) is Disabled."""
         return confirms_reads(self.fencing_override or self.mode)
+
+    def since_confirmed(self) -> float:
+        """Seconds since the storage last named this process leader."""
+        return time.monotonic() - self._confirmed_at
 
     def _params(self, **extra: object) -> dict[str, object]:
         return {"timeline": self.timeline, "epoch": self.opened.epoch,
@@ -108,23 +114,31 @@ class Leadership:
         if not rows:
             raise await self._explain()
         self.mode = rows[0][1]
+        self._confirmed_at = time.monotonic()
         return self.backend.dec(rows[0][0])
 
     async def persist_read(self, read_ts: int) -> None:
         """Durably raise the read frontier to `read_ts` (a guarded write: it also confirms the
         leadership). Concurrent calls share one statement with the largest value."""
         self.check()
-        self._pending_read = max(self._pending_read, read_ts)
+        self._pending_reads.append(read_ts)
         await self._persists.call()
 
     async def _persist_read_once(self) -> None:
+        # Take exactly the values registered so far (this statement started after their callers
+        # did); if it fails they are dropped with it, so a failed apply never rides along with
+        # a later, lower one.
+        values, self._pending_reads = self._pending_reads, []
         self.check()
+        if not values:
+            return
         self._on_query("persist_read")
         rows = await self.backend.fetch(
-            _PERSIST_READ, self._params(read=self.backend.enc(self._pending_read)))
+            _PERSIST_READ, self._params(read=self.backend.enc(max(values))))
         if not rows:
             raise await self._explain()
         self.mode = rows[0][1]
+        self._confirmed_at = time.monotonic()
 
     async def confirm(self) -> None:
         """Raise Fenced unless the storage still names this process leader; callers share calls."""
@@ -140,6 +154,7 @@ class Leadership:
         ok, self.mode = rows[0]
         if not ok:
             raise await self._explain()
+        self._confirmed_at = time.monotonic()
 
     async def idle(self) -> None:
         """Wait for batches still running (on the pinned connection, or the pool)."""

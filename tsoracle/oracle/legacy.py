@@ -15,6 +15,7 @@ from tsoracle.fencing import Leadership
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
 from tsoracle.store import U64_MAX
 
+DISABLED_MAX_STALENESS_S = 1.0  # reads under fencing Disabled confirm at least this often
 DEFAULT_WINDOW = 1000  # ms on EpochMilliseconds, timestamps on counting timelines
 
 
@@ -70,7 +71,7 @@ class LegacyOracle(TimestampOracle):
                 break
             await self._extend(nxt)
         self._maybe_prefetch()
-        await self._release()
+        await self._release(allocation=True)
         return WriteTimestamp(nxt, nxt + 1)
 
     async def _peek_write_ts(self) -> int:
@@ -97,9 +98,14 @@ class LegacyOracle(TimestampOracle):
     async def _confirm_leadership(self) -> None:
         await self.leadership.confirm()
 
-    async def _release(self) -> None:
+    async def _release(self, *, allocation: bool = False) -> None:
+        """Confirm the leadership before a result leaves: always for an allocation (a
+        superseded leader must not hand out write timestamps, whatever the mode); for reads
+        unless the mode is Disabled, and even then at least every DISABLED_MAX_STALENESS_S,
+        which bounds stale reads and lets the leader learn of a mode change."""
         self.leadership.check()
-        if self.leadership.confirms_reads:
+        if allocation or self.leadership.confirms_reads \
+                or self.leadership.since_confirmed() >= DISABLED_MAX_STALENESS_S:
             await self.leadership.confirm()
 
     async def _extend(self, needed: int) -> None:

@@ -112,8 +112,12 @@ class OracleClient:
             except OracleClosed:
                 if self._shut:
                     raise
-                # It was retired (another caller saw Fenced) between our lookup and our call:
-                # nothing was served by it, so run the call again on the current oracle.
+                # Retired (another caller saw Fenced) between our lookup and our call: nothing
+                # was served by it. If it is still registered, something else closed it: forget
+                # it, so the next attempt opens a fresh one instead of retrying a dead oracle.
+                if self._oracles.get(name) is oracle:
+                    del self._oracles[name]
+                await asyncio.sleep(0)
         raise Fenced(f"the oracle for {name!r} kept moving during {MAX_REOPENS} reopenings")
 
     async def _oracle(self, timeline: str) -> TimestampOracle:

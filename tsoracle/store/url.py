@@ -20,8 +20,9 @@ DEFAULT_URL = "sqlite:///tsoracle.db"
 _SECRET_KEYS = {"password", "sslpassword", "passfile", "sslkey", "sslcert"}
 _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _PG_SCHEMES = ("postgresql://", "postgres://", "cockroachdb://")
-# `schema=name` in a key=value DSN (libpq does not know it, so it is taken out first).
-_DSN_SCHEMA_RE = re.compile(r"(?:^|\s)schema\s*=\s*(\S*)")
+# One `key = value` of a libpq key=value DSN: a value is quoted ('…', with \' and \\) or runs
+# to the next blank (a backslash escapes the next character).
+_DSN_ITEM_RE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^\s\\]|\\.)*)")
 _MALFORMED = (
     "the backend URL is malformed; if the user name or password contains / ? # @ % or a space, "
     "percent-encode it (/ as %2F, ? as %3F, # as %23, @ as %40, % as %25) or use the key=value "
@@ -79,16 +80,36 @@ def url_with_schema(url: str, schema: str) -> str:
         return url
     text = url.strip()
     if text.lower().startswith(("sqlite:", *_PG_SCHEMES)):
-        query = text.split("#", 1)[0]
-        return text + ("&" if "?" in query else "?") + f"schema={schema}"
+        base, hash_, fragment = text.partition("#")  # a fragment ends the URL: add before it
+        return base + ("&" if "?" in base else "?") + f"schema={schema}" + hash_ + fragment
     return f"{text} schema={schema}"
 
 
 def has_schema(url: str) -> bool:
     text = url.strip()
     if text.lower().startswith(("sqlite:", *_PG_SCHEMES)):
-        return any(k == "schema" for k, _ in parse_qsl(_query(text), keep_blank_values=True))
-    return bool(_DSN_SCHEMA_RE.search(text))
+        return any(k == "schema" for k, _ in _query_items(_query(text)))
+    try:
+        return "schema" in dict(_dsn_items(text))
+    except ConfigError:
+        return False
+
+
+def _dsn_items(text: str) -> list[tuple[str, str]]:
+    """The raw (still quoted) items of a key=value DSN, by libpq's grammar."""
+    items, pos = [], 0
+    while pos < len(text.rstrip()):
+        found = _DSN_ITEM_RE.match(text, pos)
+        if not found or found.end() == pos:
+            raise ConfigError(_MALFORMED)
+        items.append((found.group(1), found.group(2)))
+        pos = found.end()
+    return items
+
+
+def _query_items(query: str) -> list[tuple[str, str]]:
+    """`k=v` pairs of a URL query, undecoded: libpq reads `+` literally, so no form decoding."""
+    return [(part.partition("=")[0], part.partition("=")[2]) for part in query.split("&") if part]
 
 
 def secret_forms(secret: str) -> list[str]:
@@ -111,7 +132,10 @@ def _query(text: str) -> str:
 
 
 def _parse_sqlite(text: str) -> BackendURL:
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        raise ConfigError("SQLite URL is malformed; expected sqlite:///path/to/file.db") from None
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     schema = _check_schema(query.pop("schema", DEFAULT_SCHEMA))
     if parts.netloc not in ("", "localhost"):
@@ -131,17 +155,21 @@ def _parse_postgres(text: str) -> BackendURL:
         # password was not encoded and the real host is somewhere in what looks like a path.
         cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0),
                   default=len(rest))
-        if "@" in rest[cut:]:
+        path = rest[cut:].split("?", 1)[0]
+        # One @ ends the user info; another one, or one in the path, means a character of the
+        # password was not encoded (the query may hold a legitimate @, say user=app@server).
+        if rest[:cut].count("@") > 1 or "@" in path or "@" in rest.partition("#")[2]:
             raise ConfigError(_MALFORMED)
         base, _, query = rest.split("#", 1)[0].partition("?")
-        pairs = parse_qsl(query, keep_blank_values=True)
-        schema = _check_schema(next((v for k, v in pairs if k == "schema"), DEFAULT_SCHEMA))
-        rest_query = urlencode([(k, v) for k, v in pairs if k != "schema"])
+        pairs = _query_items(query)
+        schema = _check_schema(unquote(next((v for k, v in pairs if k == "schema"),
+                                            DEFAULT_SCHEMA)))
+        rest_query = "&".join(f"{k}={v}" for k, v in pairs if k != "schema")
         dsn_text = f"postgresql://{base}" + (f"?{rest_query}" if rest_query else "")
     else:
-        found = _DSN_SCHEMA_RE.search(text)
-        schema = _check_schema(found.group(1) if found else DEFAULT_SCHEMA)
-        dsn_text = _DSN_SCHEMA_RE.sub(" ", text).strip()
+        items = _dsn_items(text)
+        schema = _check_schema(next((v for k, v in items if k == "schema"), DEFAULT_SCHEMA))
+        dsn_text = " ".join(f"{k}={v}" for k, v in items if k != "schema")
     try:
         params = {k: str(v) for k, v in conninfo.conninfo_to_dict(dsn_text).items()
                   if v is not None}
@@ -154,7 +182,7 @@ def _parse_postgres(text: str) -> BackendURL:
             "or host=… dbname=…"
         )
     for port in params.get("port", "").split(","):
-        if port and not (port.isdigit() and 0 < int(port) < 65536):
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             raise ConfigError(_MALFORMED.replace("malformed;", "malformed (a port is not a "
                                                  "number from 1 to 65535);"))
     password = params.get("password", "")

@@ -46,8 +46,8 @@ from localpg import LocalPostgres, free_port  # noqa: E402
 
 import tsoracle  # noqa: E402
 
-SCENARIOS = ("none", "postgres", "client-kill", "pause", "flips", "clock", "partition",
-             "takeovers")
+SCENARIOS = ("none", "postgres", "async-commit-crash", "client-kill", "pause", "flips", "clock",
+             "partition", "takeovers")
 LEGACY_ONLY = ("takeovers",)  # leader changes mean nothing to the distributed implementation
 TIMELINES = ("EpochMilliseconds", "counter:lin", "counter:lin2")
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
@@ -413,6 +413,22 @@ class Nemesis:
             self.fault("postgres SIGKILL")
             pid = self.pg.crash_and_restart(down_seconds=1.0)
             self.fault("postgres restarted after crash recovery", killed_pid=pid)
+        elif scenario == "async-commit-crash":
+            # A DBA's database default of synchronous_commit = off (and a WAL writer slow
+            # enough that a crash surely loses asynchronously committed rows), then a crash.
+            assert self.pg is not None, "this scenario needs the runner's own server"
+            self.at(0.2)
+            self.pg.sql("ALTER DATABASE tsoracle SET synchronous_commit = off", "postgres")
+            self.pg.sql("ALTER SYSTEM SET wal_writer_delay = '10s'", "postgres")
+            self.pg.sql("SELECT pg_reload_conf()", "postgres")
+            self.pg.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE usename = 'tsoracle'")  # new sessions get the new default
+            self.fault("database default synchronous_commit = off, wal_writer_delay 10 s")
+            self.at(0.6)
+            self.fault("postgres SIGKILL")
+            pid = self.pg.crash_and_restart(down_seconds=0.5)
+            self.fault("postgres restarted after crash recovery", killed_pid=pid)
+            self.lead(1)  # a legacy successor starts from what survived the crash
         elif scenario == "client-kill":
             for n, frac in enumerate((0.3, 0.6)):
                 self.at(frac)

@@ -111,3 +111,17 @@ def test_concurrent_first_calls_open_one_legacy_leader(target, tmp_path):
     client.close()
     if pg is not None:
         assert _connections(pg, url) == 0
+
+
+def test_an_oracle_closed_elsewhere_is_replaced(tmp_path):
+    # Review finding: an oracle closed by something other than a retirement stayed registered,
+    # and every call retried it, then failed with a misleading Fenced, forever.
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    asyncio.run(tsoracle.init(url, timelines=[TIMELINE]))
+    client = OracleClient(url, data_dir=tmp_path / "data", timeline=TIMELINE)
+    first = client.write_ts()
+    client.run(client._oracles[TIMELINE].close())
+    assert client.write_ts() > first
+    client.close()
+    with pytest.raises(tsoracle.OracleClosed):
+        asyncio.run(client.acall(lambda o: o.read_ts()))

@@ -79,7 +79,7 @@ def url_with_schema(url: str, schema: str) -> str:
     if has_schema(url):
         return url
     text = url.strip()
-    if text.lower().startswith(("sqlite:", *_PG_SCHEMES)):
+    if _is_url(text):
         base, hash_, fragment = text.partition("#")  # a fragment ends the URL: add before it
         return base + ("&" if "?" in base else "?") + f"schema={schema}" + hash_ + fragment
     return f"{text} schema={schema}"
@@ -87,7 +87,7 @@ def url_with_schema(url: str, schema: str) -> str:
 
 def has_schema(url: str) -> bool:
     text = url.strip()
-    if text.lower().startswith(("sqlite:", *_PG_SCHEMES)):
+    if _is_url(text):
         return any(k == "schema" for k, _ in _query_items(_query(text)))
     try:
         return "schema" in dict(_dsn_items(text))
@@ -123,6 +123,11 @@ def _replace_all(text: str, needles: list[str], mask: str) -> str:
     for needle in needles:
         text = re.sub(re.escape(needle), mask, text, flags=re.IGNORECASE)
     return text
+
+
+def _is_url(text: str) -> bool:
+    """A URL (sqlite:, postgresql:// …) rather than a libpq key=value DSN."""
+    return text.lower().startswith(("sqlite:", *_PG_SCHEMES))
 
 
 def _query(text: str) -> str:

@@ -117,8 +117,7 @@ def database(pg: LocalPostgres) -> str:
 def oracle_ns(kube: Kube, chart, database: str, tmp_path: Path):
     """A namespace with the backend Secret and an operator (under the chart's RBAC) watching it."""
     ns = kube.new_namespace("tso")
-    kube.kubectl("-n", ns, "create", "secret", "generic", "oracle-db",
-                 f"--from-literal=url={database}")
+    kube.backend_secret(ns, "oracle-db", database)
     op = Operator(chart.kubeconfig, ns, tmp_path / "operator.log").start()
     yield SimpleNamespace(name=ns, url=database, operator=op, log=tmp_path / "operator.log")
     op.stop()

@@ -290,3 +290,43 @@ async def test_a_failed_apply_is_not_made_durable_by_a_later_lower_one(sqlite_ur
     assert await successor.read_ts() == low  # not `high`: it was never applied
     await successor.close()
     await leader.close()
+
+
+async def test_a_client_of_a_dropped_and_reprovisioned_deployment_is_fenced(url, impl):
+    # Before the fix: deleting the deployment (deletionPolicy: Delete) and provisioning it again
+    # restarted epochs and counters at 1, and a client still open on the old one wrote [1, 2, 3]
+    # again next to a new client's [1, 2, 3].
+    from tsoracle.oracle.connect import admin_backend
+    from tsoracle.store.schema import drop_schema
+
+    await tsoracle.init(url, timelines=[COUNTER], implementation=impl)
+    old = await tsoracle.open_oracle(url, timeline=COUNTER, implementation=impl)
+    handed = [(await old.write_ts()).timestamp for _ in range(3)]
+    await old.apply_write(handed[-1])
+    async with admin_backend(url) as backend:
+        await drop_schema(backend)
+    await tsoracle.init(url, timelines=[COUNTER], implementation=impl)
+    new = await tsoracle.open_oracle(url, timeline=COUNTER, implementation=impl)
+    fresh = [(await new.write_ts()).timestamp for _ in range(3)]
+    assert fresh[0] <= handed[-1]  # the timeline did restart: only fencing keeps them apart
+    for op in (old.write_ts, old.read_ts, lambda: old.apply_write(fresh[-1])):
+        with pytest.raises(tsoracle.Fenced, match="deleted and provisioned again"):
+            for _ in range(3):  # a legacy leader may answer from its window until it confirms
+                await op()
+    await old.close()
+    await new.close()
+
+
+async def test_tables_from_before_incarnations_are_migrated(url):
+    from tsoracle.oracle.connect import admin_backend
+
+    await tsoracle.init(url, timelines=[COUNTER])
+    async with admin_backend(url) as backend:
+        for table in ("deployment", "timestamps"):
+            await backend.execute_ddl(backend.dialect.render(
+                "ALTER TABLE {" + table + "} DROP COLUMN incarnation"))
+    with pytest.raises(tsoracle.OracleUnavailable):
+        await tsoracle.open_oracle(url, timeline=COUNTER)
+    await tsoracle.init(url, timelines=[COUNTER])  # what an upgrade's first init/reconcile does
+    async with tsoracle.connect(url, timeline=COUNTER) as oracle:
+        assert (await oracle.write_ts()).timestamp == 1

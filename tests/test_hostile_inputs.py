@@ -104,7 +104,7 @@ def test_operator_and_plugin_never_show_password_or_host(kube, chart, tmp_path):
     password = "Hunter2/Zebra#Q"
     ns = kube.new_namespace("hostile")
     url = f"postgresql://app:{quote(password, safe='')}@{HOST}:5432/app"
-    kube.kubectl("-n", ns, "create", "secret", "generic", "db", f"--from-literal=url={url}")
+    kube.backend_secret(ns, "db", url)
     op = Operator(chart.kubeconfig, ns, tmp_path / "op.log").start()
     try:
         doc = {"apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",

@@ -144,8 +144,7 @@ def test_missing_then_bad_secret_degrades_then_recovers(kube, chart, database, t
         assert condition(obj, "Ready")["status"] == "False"
         assert "later" in condition(obj, "Degraded")["message"]
         bad = "postgresql://tsoracle:s3cr3t-value@127.0.0.1:notaport/x"
-        kube.kubectl("-n", ns, "create", "secret", "generic", "later",
-                     f"--from-literal=url={bad}")
+        kube.backend_secret(ns, "later", bad)
         obj = kube.wait_tso(ns, "s", lambda o: condition(o, "Degraded").get("reason")
                             == "BadURL", what="Degraded/BadURL")
         unreachable = database.rsplit(":", 1)[0] + ":1/x"  # nothing listens on port 1
@@ -171,8 +170,7 @@ def test_missing_then_bad_secret_degrades_then_recovers(kube, chart, database, t
 
 def test_operator_restart_mid_flip_finishes_it_exactly_once(kube, chart, database, tmp_path):
     ns = kube.new_namespace("crash")
-    kube.kubectl("-n", ns, "create", "secret", "generic", "oracle-db",
-                 f"--from-literal=url={database}")
+    kube.backend_secret(ns, "oracle-db", database)
     crashing = Operator(chart.kubeconfig, ns, tmp_path / "op1.log",
                         env={"TSORACLE_OPERATOR_FAULT": "exit-after-flip"}).start()
     try:
@@ -268,3 +266,39 @@ def test_chart_grants_spark_drivers_just_enough(kube, oracle_ns, tmp_path):
         r = kube.kubectl("auth", "can-i", verb, what, "-n", ns, check=False,
                          kubeconfig=kubeconfig)
         assert r.stdout.strip() == "no", (verb, what)
+
+
+def test_only_secrets_labelled_for_tsoracle_are_used(kube, chart, database, pg, tmp_path):
+    # Before the fix: any Secret in the namespace was used, so whoever may create a resource
+    # could have the operator provision into (and with Delete, drop from) any database whose
+    # credentials sit in that namespace.
+    ns = kube.new_namespace("label")
+    kube.backend_secret(ns, "app-db", database, label=False)
+    op = Operator(chart.kubeconfig, ns, tmp_path / "op.log").start()
+    try:
+        doc = {"apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
+               "metadata": {"name": "borrowed"},
+               "spec": {"backend": {"urlSecretRef": {"name": "app-db"}, "schema": "s_label"},
+                        "deletionPolicy": "Delete"}}
+        kube.kubectl("-n", ns, "apply", "-f", "-", stdin=json.dumps(doc))
+        obj = kube.wait_tso(ns, "borrowed", lambda o: condition(o, "Degraded").get("reason")
+                            == "SecretNotLabelled", what="Degraded/SecretNotLabelled")
+        message = condition(obj, "Degraded")["message"]
+        assert "kubectl label secret app-db" in message and "tsoracle.io/backend=true" in message
+        dbname = database.rsplit("/", 1)[1]
+        schemas = {r[0] for r in pg.sql("SELECT schema_name FROM information_schema.schemata",
+                                        dbname)}
+        assert "s_label" not in schemas  # nothing was provisioned
+        kube.kubectl("-n", ns, "label", "secret", "app-db", "tsoracle.io/backend=true")
+        kube.wait_tso(ns, "borrowed", is_ready, what="Ready once labelled")
+        # Taking the label away again: the operator stops using the Secret, and a deletion
+        # with deletionPolicy: Delete keeps the tables rather than act on it.
+        kube.kubectl("-n", ns, "label", "secret", "app-db", "tsoracle.io/backend-")
+        kube.wait_tso(ns, "borrowed", lambda o: condition(o, "Degraded").get("reason")
+                      == "SecretNotLabelled", what="Degraded again once unlabelled")
+        kube.kubectl("-n", ns, "delete", "tso", "borrowed", "--timeout=60s")
+        tables = pg.sql("SELECT table_name FROM information_schema.tables"
+                        " WHERE table_schema = 's_label'", dbname)
+        assert sorted(t[0] for t in tables) == ["deployment", "timestamps"]
+    finally:
+        op.stop()

@@ -175,7 +175,8 @@ async def _ts(args: argparse.Namespace) -> int:
 def _print_status(st: Any) -> None:
     d = st.deployment
     print(f"implementation: {d.implementation}   epoch: {d.epoch}   fencing: {d.fence}"
-          f"   rollout: {'in progress' if d.rollout else 'no'}")
+          f"   rollout: {'in progress' if d.rollout else 'no'}"
+          f"   incarnation: {d.incarnation or '-'}")
     rows = [("TIMELINE", "READ_TS", "WRITE_TS", "LAG_MS", "LEADER_EPOCH")]
     for t in st.timelines:
         rows.append((t.timeline, str(t.read_ts), str(t.write_ts),

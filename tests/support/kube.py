@@ -44,6 +44,12 @@ class Kube:
             raise AssertionError(f"helm {' '.join(args)} failed: {proc.stderr}")
         return proc
 
+    def backend_secret(self, ns: str, name: str, url: str, *, label: bool = True) -> None:
+        """A Secret holding a backend URL, opted in for the operator (unless label=False)."""
+        self.kubectl("-n", ns, "create", "secret", "generic", name, f"--from-literal=url={url}")
+        if label:
+            self.kubectl("-n", ns, "label", "secret", name, "tsoracle.io/backend=true")
+
     def new_namespace(self, prefix: str = "t") -> str:
         # Without kube-controller-manager namespaces never finish deleting: use fresh ones.
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"

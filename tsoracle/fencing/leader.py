@@ -17,6 +17,7 @@ from tsoracle.fencing.modes import (
     GUARD,
     Deployment,
     confirms_reads,
+    moved,
     read_deployment,
     superseded,
 )
@@ -88,7 +89,7 @@ class Leadership:
         return time.monotonic() - self._confirmed_at
 
     def _params(self, **extra: object) -> dict[str, object]:
-        return {"timeline": self.timeline, "epoch": self.opened.epoch,
+        return {"timeline": self.timeline, **self.opened.guard_params(),
                 "leader_epoch": self.leader_epoch, **extra}
 
     async def start(self) -> Start:
@@ -170,7 +171,7 @@ class Leadership:
 
     async def _explain(self) -> Fenced:
         now = await read_deployment(self.backend)
-        if now.epoch != self.opened.epoch or now.implementation != "legacy":
+        if moved(self.opened, now, "legacy"):
             err = superseded(self.opened, now, "legacy")
         else:
             rows = await self.backend.fetch(

@@ -21,7 +21,10 @@ IMPLEMENTATIONS = ("legacy", "distributed")
 # Disabled included, evaluates it on every statement: Disabled only spares a legacy leader its
 # confirmation round trips before answering from memory (see confirms_reads), never the check
 # that keeps an inactive implementation or a superseded epoch from allocating.
-GUARD = "(active AND (epoch = %(epoch)s OR (fence = 'Rollout' AND NOT rollout)))"
+# The incarnation names one provisioning of the schema: a client of a deployment that was dropped
+# and provisioned again (epochs and counters restart) fails it instead of reusing timestamps.
+GUARD = ("(active AND incarnation = %(incarnation)s"
+         " AND (epoch = %(epoch)s OR (fence = 'Rollout' AND NOT rollout)))")
 
 
 def confirms_reads(mode: str) -> bool:
@@ -35,17 +38,22 @@ class Deployment:
     implementation: str
     fence: str
     rollout: bool
+    incarnation: str = ""
+
+    def guard_params(self) -> dict[str, object]:
+        """What GUARD compares against, for a process that opened under this row."""
+        return {"epoch": self.epoch, "incarnation": self.incarnation}
 
 
-_READ = "SELECT epoch, implementation, fence, rollout FROM {deployment} WHERE id = 1"
+_READ = "SELECT epoch, implementation, fence, rollout, incarnation FROM {deployment} WHERE id = 1"
 
 
 async def read_deployment(db: Backend | Tx, *, for_update: bool = False) -> Deployment:
     rows = await db.fetch(_READ + (" FOR UPDATE" if for_update else ""))
     if not rows:
         raise Fenced("the deployment row is missing; run `tsoracle init` to provision the schema")
-    epoch, impl, fence, rollout = rows[0]
-    return Deployment(int(epoch), str(impl), str(fence), bool(rollout))
+    epoch, impl, fence, rollout, incarnation = rows[0]
+    return Deployment(int(epoch), str(impl), str(fence), bool(rollout), str(incarnation))
 
 
 def check_mode(mode: str) -> str:
@@ -62,8 +70,21 @@ def check_implementation(implementation: str) -> str:
     return implementation
 
 
+def moved(opened: Deployment, now: Deployment, implementation: str) -> bool:
+    """Whether a process opened under `opened` on `implementation` is superseded by `now`."""
+    return (now.incarnation != opened.incarnation or now.epoch != opened.epoch
+            or now.implementation != implementation)
+
+
 def superseded(opened: Deployment, now: Deployment, implementation: str) -> Fenced:
     """The error a process gets once the deployment moved on without it."""
+    if now.incarnation != opened.incarnation:
+        return Fenced(
+            f"this {implementation} oracle was fenced: its deployment was deleted and "
+            f"provisioned again (incarnation {opened.incarnation or '-'} -> {now.incarnation}), "
+            "so timestamps restarted; reopen it, and do not mix its earlier timestamps with "
+            "new ones"
+        )
     if now.implementation != implementation:
         what = f"the active implementation is now {now.implementation!r} (epoch {now.epoch})"
     else:

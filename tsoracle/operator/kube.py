@@ -13,6 +13,11 @@ from kubernetes.client.exceptions import ApiException
 from tsoracle.errors import ConfigError
 from tsoracle.operator.model import GROUP, PLURAL, VERSION
 
+# A Secret the operator may use must say so: anyone who may create a TimestampOracle could
+# otherwise point the operator (which may read every Secret in the namespace) at any database
+# credentials there, and with deletionPolicy: Delete make it drop tables with them.
+BACKEND_LABEL = "tsoracle.io/backend"
+
 
 class SecretProblem(ConfigError):
     """The backend Secret is missing or does not hold a usable URL."""
@@ -49,6 +54,13 @@ def read_secret_url_sync(api: client.ApiClient, namespace: str, name: str, key: 
             raise SecretProblem("SecretForbidden",
                                 f"the operator may not read Secret {namespace}/{name}") from None
         raise
+    labels = (secret.metadata.labels if secret.metadata else None) or {}
+    if labels.get(BACKEND_LABEL) != "true":
+        raise SecretProblem("SecretNotLabelled",
+                            f"Secret {namespace}/{name} is not labelled {BACKEND_LABEL}=true, "
+                            "so the operator will not use it; if it holds this oracle's backend "
+                            f"URL, run: kubectl label secret {name} -n {namespace} "
+                            f"{BACKEND_LABEL}=true")
     data = (secret.data or {}).get(key)
     if data is None:
         raise SecretProblem("SecretKeyMissing",

@@ -36,7 +36,7 @@ class DistributedOracle(TimestampOracle):
     def __init__(self, *args: Any, batching: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sql = _SQL
-        self._base = {"timeline": self.timeline.name, "epoch": self.deployment.epoch}
+        self._base = {"timeline": self.timeline.name, **self.deployment.guard_params()}
         # Batched reads and confirmations run one statement at a time: each keeps a connection.
         self._pinned = {"read": self.backend.pinned(), "confirm": self.backend.pinned()}
         self._reads = Coalescer(self._query_read, self.batch_observer("read_ts")) if batching \

@@ -21,8 +21,9 @@ from tsoracle.store.schema import ensure_schema
 
 _INSERT = (
     "INSERT INTO {timestamps} (timeline, implementation, read_ts, write_ts, leader_epoch, epoch,"
-    " active, fence, rollout) VALUES (%(timeline)s, %(implementation)s, %(ts)s::numeric,"
-    " %(ts)s::numeric, 0, %(epoch)s, %(active)s, %(fence)s, %(rollout)s)"
+    " active, fence, rollout, incarnation) VALUES (%(timeline)s, %(implementation)s,"
+    " %(ts)s::numeric, %(ts)s::numeric, 0, %(epoch)s, %(active)s, %(fence)s, %(rollout)s,"
+    " %(incarnation)s)"
     " ON CONFLICT (timeline, implementation) DO NOTHING"
 )
 
@@ -74,7 +75,7 @@ async def provision(
                 await tx.fetch(_INSERT, {
                     "timeline": name, "implementation": impl, "ts": backend.enc(initial_ts),
                     "epoch": dep.epoch, "active": impl == dep.implementation,
-                    "fence": dep.fence, "rollout": dep.rollout,
+                    "fence": dep.fence, "rollout": dep.rollout, "incarnation": dep.incarnation,
                 })
         return Provisioned(dep, created)
 

@@ -56,6 +56,12 @@ class Dialect:
         """Statements worth trying that some servers reject (CockroachDB-only options)."""
         return []
 
+    def migrations(self) -> list[Any]:
+        """Statements that bring tables from older releases up to date; each may fail only
+        because it was already applied (SQLite has no ADD COLUMN IF NOT EXISTS)."""
+        return [self.render(_ADD_INCARNATION.replace("{table}", "{" + t + "}"))
+                for t in ORACLE_TABLES]
+
 
 _TABLE_DDL = """
 CREATE TABLE IF NOT EXISTS {deployment} (
@@ -63,7 +69,8 @@ CREATE TABLE IF NOT EXISTS {deployment} (
     epoch BIGINT NOT NULL,
     implementation TEXT NOT NULL CHECK (implementation IN ('legacy', 'distributed')),
     fence TEXT NOT NULL CHECK (fence IN ('Always', 'Rollout', 'Disabled')),
-    rollout BOOLEAN NOT NULL
+    rollout BOOLEAN NOT NULL,
+    incarnation TEXT NOT NULL DEFAULT ''
 )
 """
 _STATE_DDL = """
@@ -77,13 +84,18 @@ CREATE TABLE IF NOT EXISTS {timestamps} (
     active BOOLEAN NOT NULL,
     fence TEXT NOT NULL,
     rollout BOOLEAN NOT NULL,
+    incarnation TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (timeline, implementation)
 )
 """
 SEED_DEPLOYMENT = """
-INSERT INTO {deployment} (id, epoch, implementation, fence, rollout)
-VALUES (1, 1, %(implementation)s, %(fence)s, %(rollout)s) ON CONFLICT (id) DO NOTHING
+INSERT INTO {deployment} (id, epoch, implementation, fence, rollout, incarnation)
+VALUES (1, 1, %(implementation)s, %(fence)s, %(rollout)s, %(incarnation)s)
+ON CONFLICT (id) DO NOTHING
 """
+# Tables created before the incarnation column existed get it with the empty incarnation: their
+# clients keep working, and a later drop and re-provision still gets a fresh one.
+_ADD_INCARNATION = "ALTER TABLE {table} ADD COLUMN incarnation TEXT NOT NULL DEFAULT ''"
 
 
 class PostgresDialect(Dialect):
@@ -124,6 +136,10 @@ class PostgresDialect(Dialect):
             return None  # a database's default schema is never ours to drop
         return sql.SQL("DROP SCHEMA IF EXISTS {}").format(
             sql.Identifier(self.schema)).as_string(None)
+
+    def migrations(self) -> list[Any]:
+        return [self.render(_ADD_INCARNATION.replace("ADD COLUMN", "ADD COLUMN IF NOT EXISTS")
+                            .replace("{table}", "{" + t + "}")) for t in ORACLE_TABLES]
 
     def optional_ddl(self) -> list[Any]:
         # Hot single rows leave many MVCC versions behind on CockroachDB; a short GC TTL keeps

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 
 from tsoracle.errors import OracleUnavailable
 from tsoracle.store.backend import Backend
@@ -23,6 +24,7 @@ async def ensure_schema(backend: Backend, *, implementation: str, fence: str) ->
             except OracleUnavailable:
                 if attempt == 2:
                     raise
+    await _migrate(backend)
     for statement in backend.dialect.optional_ddl():
         try:
             await backend.execute_ddl(statement)
@@ -30,8 +32,30 @@ async def ensure_schema(backend: Backend, *, implementation: str, fence: str) ->
             log.debug("optional table option not supported by this server; skipped")
     await backend.fetch(
         SEED_DEPLOYMENT,
-        {"implementation": implementation, "fence": fence, "rollout": False},
+        {"implementation": implementation, "fence": fence, "rollout": False,
+         "incarnation": new_incarnation()},
     )
+
+
+def new_incarnation() -> str:
+    """A name for one provisioning of a schema, so that a drop and re-create is told apart."""
+    return secrets.token_hex(8)
+
+
+async def _migrate(backend: Backend) -> None:
+    # Probe first: ALTER TABLE takes the strongest table lock even when it has nothing to do,
+    # and the operator provisions on every reconcile.
+    try:
+        await backend.fetch("SELECT incarnation FROM {deployment} WHERE 1 = 0")
+        await backend.fetch("SELECT incarnation FROM {timestamps} WHERE 1 = 0")
+        return
+    except OracleUnavailable:
+        pass
+    for statement in backend.dialect.migrations():
+        try:
+            await backend.execute_ddl(statement)
+        except OracleUnavailable:
+            log.debug("migration already applied: %s", statement)
 
 
 async def schema_exists(backend: Backend) -> bool:

@@ -134,3 +134,38 @@ def test_operator_and_plugin_never_show_password_or_host(kube, chart, tmp_path):
     finally:
         op.stop()
         Path(tmp_path / "op.log").unlink(missing_ok=True)
+
+
+HOSTILE_TIMELINES = ["counter:'; DROP TABLE timestamps; --", 'counter:"quoted" \\ back',
+                     "user:ünï 😀 %(epoch)s {deployment}", "external:" + "x" * 246]
+REFUSED_TIMELINES = ["counter:line\nbreak", "counter:" + "x" * 300, "counter:", "Counter:x",
+                     "epochmilliseconds"]
+REFUSED_SCHEMAS = ['x"; DROP SCHEMA public; --', "a" * 64, "ünï", "1abc", "has space",
+                   "dash-ed"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_hostile_names_through_the_cli(backend, pg, tmp_path):
+    # Names that look like SQL, quoting or format strings are stored and printed verbatim;
+    # names the oracle refuses get one line naming the flag, never a traceback.
+    base = (f"sqlite:///{tmp_path / 'o.db'}" if backend == "sqlite"
+            else f"{pg.url()}")
+    url = base + "?schema=hostile_names_" + tmp_path.name[-8:].lower().replace("-", "_")
+    args = [a for t in HOSTILE_TIMELINES for a in ("--timeline", t)]
+    r = tso("init", "--url", url, *args)
+    assert r.returncode == 0, r.stderr
+    for t in HOSTILE_TIMELINES:
+        r = tso("ts", "write", "--url", url, "--timeline", t)
+        assert r.returncode == 0 and r.stdout.strip().isdigit(), (t, r.stdout, r.stderr)
+    status = tso("status", "--url", url).stdout
+    for t in HOSTILE_TIMELINES:
+        assert t in status, (t, status)
+    for t in REFUSED_TIMELINES:
+        r = tso("ts", "write", "--url", url, "--timeline", t)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, (t, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "timeline" in r.stderr
+    for schema in REFUSED_SCHEMAS:
+        r = tso("init", "--url", f"{base}?schema={quote(schema, safe='')}")
+        assert r.returncode != 0 and "Traceback" not in r.stderr, (schema, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "schema" in r.stderr, r.stderr

@@ -61,6 +61,24 @@ def test_checker_refuses_clock_readings_outside_the_run(tmp_path):
     assert "outside the run" in proc.stderr
 
 
+@pytest.mark.parametrize(("value", "verdict"), [(3, 0), (7, 1)])
+def test_a_stale_read_may_lag_but_never_pass_the_read_frontier(value, verdict, tmp_path):
+    # fencing-modes records a legacy leader's reads under Disabled as stale-read: apply(5)
+    # finished before it started, so 3 is an allowed stale answer, 7 is a read of the future.
+    ops = [("apply", 5, None, 0), ("stale-read", None, value, 100)]
+    lines: list[dict[str, object]] = [{"k": "run", "run": "r", "proc": 0}]
+    for i, (op, arg, result, t) in enumerate(ops):
+        call: dict[str, object] = {"k": "call", "id": f"0-{i}", "client": i,
+                                   "timeline": "counter:a", "op": op, "t": 1_000 + t}
+        if arg is not None:
+            call["arg"] = arg
+        lines += [call, {"k": "ret", "id": f"0-{i}", "ok": True, "value": result or 0,
+                         "t": 1_010 + t}]
+    path = tmp_path / "worker-0.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert check(str(path)).returncode == verdict
+
+
 def test_checker_refuses_a_history_without_its_run(tmp_path):
     plain = tmp_path / "old.jsonl.gz"
     data = gzip.decompress(next((CORPUS / "reuse-after-restart").glob("*.gz")).read_bytes())
@@ -99,4 +117,13 @@ def test_scenario_is_linearizable(scenario, implementation, tmp_path):
     if implementation == "legacy" and scenario in ("client-kill", "pause", "partition",
                                                    "takeovers", "clock"):
         assert any(f["fault"] == "legacy take-over" for f in summary["faults"]), summary
+    kinds = [f["fault"] for f in summary["faults"]]
+    if scenario == "fencing-modes":
+        assert kinds.count("reads recorded strictly again") == 2, summary
+    if scenario == "reprovision":
+        assert kinds.count("deployment provisioned again") == 2, summary
+    if scenario == "spark-client":
+        # The driver client reopens across every flip and no caller sees an error.
+        stats = json.loads((tmp_path / "worker-0.log").read_text().splitlines()[-1])
+        assert stats["ok"] > 0 and stats["failed"] == 0 and stats["reopens"] >= 5, stats
     assert summary["verdict"] == "pass"

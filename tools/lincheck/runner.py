@@ -17,6 +17,16 @@ The orchestrator steers workers through `control.json` (leader designation, cloc
 stop). With the legacy implementation one designated worker leads at a time, as in
 production; take-overs are discrete nemesis events (recorded as `reset` operations), and a
 deposed leader serves until the storage fences it. Flips are recorded as `flip` operations.
+
+Three scenarios relax or re-key what they record, each for a documented reason:
+- `fencing-modes`: while the mode is (or was, within the staleness bound) `Disabled`, a legacy
+  worker's reads are recorded as `stale-read`, which the checker accepts at or below the read
+  frontier: that is exactly what Disabled gives up. Writes, applies and flips stay strict.
+- `reprovision`: the deployment is dropped and provisioned again under live clients. Timelines
+  restart, so each incarnation is its own history (timeline keys carry the incarnation), and a
+  separate check fails the run if any operation on the old incarnation succeeded after the drop.
+- `spark-client`: worker 0 is a Spark driver's `OracleClient` (threads, transparent reopening)
+  across flips; the other workers are the usual asyncio clients.
 The histories go to the Go checker (tools/lincheck, Porcupine) and to the fast Python
 invariant checks in history.py.
 """
@@ -32,6 +42,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -47,11 +58,14 @@ from localpg import LocalPostgres, free_port  # noqa: E402
 import tsoracle  # noqa: E402
 
 SCENARIOS = ("none", "postgres", "async-commit-crash", "client-kill", "pause", "flips", "clock",
-             "partition", "takeovers")
+             "partition", "takeovers", "fencing-modes", "reprovision", "spark-client")
 LEGACY_ONLY = ("takeovers",)  # leader changes mean nothing to the distributed implementation
 TIMELINES = ("EpochMilliseconds", "counter:lin", "counter:lin2")
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
 DEFAULT_CAP_S = 600.0  # a scenario that has not finished by then hangs
+# After fencing goes back to Always, a legacy leader may still answer one stale read until its
+# next confirmation: DISABLED_MAX_STALENESS_S (1 s) plus that statement, with a wide margin.
+STRICT_AGAIN_AFTER_S = 3.0
 
 
 def combos(implementations: tuple[str, ...] = ("distributed", "legacy")) -> list[tuple[str, str]]:
@@ -64,26 +78,32 @@ def combos(implementations: tuple[str, ...] = ("distributed", "legacy")) -> list
 
 class Recorder:
     def __init__(self, path: Path, proc: int, run_id: str) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self.proc = proc
         self.seq = 0
-        os.write(self.fd, (json.dumps({"k": "run", "run": run_id, "proc": proc}) + "\n").encode())
+        self.lock = threading.Lock()  # the spark-client worker records from many threads
+        self._write({"k": "run", "run": run_id, "proc": proc})
 
-    def call(self, client: int, timeline: str, op: str, arg: int | None = None) -> str:
-        self.seq += 1
-        op_id = f"{self.proc}-{self.seq}"
+    def _write(self, rec: dict[str, Any]) -> None:
+        os.write(self.fd, (json.dumps(rec) + "\n").encode())
+
+    def call(self, client: int, timeline: str, op: str, arg: int | None = None,
+             t: int | None = None) -> str:
+        with self.lock:
+            self.seq += 1
+            op_id = f"{self.proc}-{self.seq}"
         rec: dict[str, Any] = {"k": "call", "id": op_id, "client": client,
-                               "timeline": timeline, "op": op, "t": time.monotonic_ns()}
+                               "timeline": timeline, "op": op, "t": t or time.monotonic_ns()}
         if arg is not None:
             rec["arg"] = arg
-        os.write(self.fd, (json.dumps(rec) + "\n").encode())
+        self._write(rec)
         return op_id
 
     def ret(self, op_id: str, ok: bool, value: int | None = None) -> None:
         rec: dict[str, Any] = {"k": "ret", "id": op_id, "ok": ok, "t": time.monotonic_ns()}
         if value is not None:
             rec["value"] = value
-        os.write(self.fd, (json.dumps(rec) + "\n").encode())
+        self._write(rec)
 
 
 class Control:
@@ -92,7 +112,7 @@ class Control:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.state: dict[str, Any] = {"implementation": "distributed", "leader": 0,
-                                      "clock_offset_ms": 0, "stop": False}
+                                      "clock_offset_ms": 0, "stop": False, "relaxed": False}
 
     def write(self, **changes: Any) -> None:
         self.state.update(changes)
@@ -189,6 +209,11 @@ async def worker(args: argparse.Namespace) -> None:
             state = control.read()
             await asyncio.sleep(0.02)
 
+    def key(tl: str, o: tsoracle.TimestampOracle | None = None) -> str:
+        if not args.by_incarnation:
+            return tl
+        return f"{tl}@{o.deployment.incarnation if o is not None else 'unknown'}"
+
     async def get(tl: str, client: int) -> tsoracle.TimestampOracle:
         async with locks[tl]:
             if tl not in oracles:
@@ -196,13 +221,18 @@ async def worker(args: argparse.Namespace) -> None:
                 if impl == "legacy" and state["leader"] != args.proc:
                     raise Standby
                 if impl == "legacy":
-                    op = rec.call(client, tl, "reset")
+                    # Re-keyed runs learn the incarnation only from the open: the call line is
+                    # written after it, with the time the take-over started.
+                    t0 = time.monotonic_ns()
+                    op = None if args.by_incarnation else rec.call(client, tl, "reset")
                     try:
                         o = await tsoracle.open_oracle(url, timeline=tl, implementation=impl,
                                                        now=clock, **extra)
                     except tsoracle.OracleError:
+                        op = op or rec.call(client, key(tl), "reset", t=t0)
                         rec.ret(op, False)  # the take-over may have happened
                         raise
+                    op = op or rec.call(client, key(tl, o), "reset", t=t0)
                     rec.ret(op, True, o.resumed_at)  # type: ignore[attr-defined]
                 else:
                     o = await tsoracle.open_oracle(url, timeline=tl, implementation=impl,
@@ -231,19 +261,22 @@ async def worker(args: argparse.Namespace) -> None:
                 continue
             roll = rng.random()
             op_name = "write" if roll < 0.4 else "peek" if roll < 0.5 else "read"
-            op = rec.call(cid, tl, op_name)
+            relaxed = state["relaxed"] and o.implementation == "legacy"
+            if relaxed and op_name != "write":
+                op_name = "stale-read"  # Disabled: a superseded leader may answer stale
+            op = rec.call(cid, key(tl, o), op_name)
             try:
                 if op_name == "write":
                     w = (await o.write_ts()).timestamp
                     rec.ret(op, True, w)
                     if rng.random() < 0.7:
                         await asyncio.sleep(rng.random() * 0.002)
-                        op = rec.call(cid, tl, "apply", w)
+                        op = rec.call(cid, key(tl, o), "apply", w)
                         await o.apply_write(w)
                         rec.ret(op, True, 0)
                 elif op_name == "peek":
                     rec.ret(op, True, await o.peek_write_ts())
-                else:
+                else:  # read, stale-read
                     rec.ret(op, True, await o.read_ts())
                 stats["ok"] += 1
             except tsoracle.Fenced:
@@ -271,6 +304,55 @@ async def worker(args: argparse.Namespace) -> None:
     follower.cancel()
     for o in list(oracles.values()):
         await o.close()
+    print(json.dumps(stats), flush=True)
+
+
+def spark_worker(args: argparse.Namespace) -> None:
+    """Worker 0 of the spark-client scenario: one OracleClient shared by many threads."""
+    import tempfile
+
+    from tsoracle.spark.client import OracleClient
+
+    rec = Recorder(Path(args.out), args.proc, args.run)
+    control = Control(Path(args.control))
+    deadline = time.monotonic() + args.cap
+    stats = {"ok": 0, "failed": 0}
+    client = OracleClient(args.url, data_dir=tempfile.mkdtemp(prefix="lincheck-spark-"))
+
+    def thread(cid: int) -> None:
+        rng = random.Random(cid)
+        while not control.state["stop"] and time.monotonic() < deadline:
+            tl = rng.choice(TIMELINES)
+            op_name = "write" if rng.random() < 0.5 else "read"
+            op = rec.call(cid, tl, op_name)
+            try:
+                if op_name == "write":
+                    w = client.write_ts(tl)
+                    rec.ret(op, True, w)
+                    op = rec.call(cid, tl, "apply", w)
+                    client.apply_write(w, tl)
+                    rec.ret(op, True, 0)
+                else:
+                    rec.ret(op, True, client.read_ts(tl))
+                stats["ok"] += 1
+            except tsoracle.OracleError:
+                rec.ret(op, False)
+                stats["failed"] += 1
+                time.sleep(0.01)
+
+    def follow() -> None:
+        while not control.read()["stop"]:
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=thread, args=(args.proc * 100 + i,))
+               for i in range(max(8, args.clients))]
+    for t in threads:
+        t.start()
+    follow()
+    for t in threads:
+        t.join()
+    client.close()
+    stats["reopens"] = client.reopens
     print(json.dumps(stats), flush=True)
 
 
@@ -343,7 +425,7 @@ def invariants(paths: list[Path]) -> tuple[list[str], int]:
         if r is None or not r["ok"]:
             continue
         kind = {"write": "write", "read": "read", "peek": None, "apply": "apply",
-                "reset": None, "flip": None}[c["op"]]
+                "reset": None, "flip": None, "stale-read": None}[c["op"]]
         if kind is None:
             continue
         value = c["arg"] if c["op"] == "apply" else r["value"]
@@ -355,6 +437,28 @@ def invariants(paths: list[Path]) -> tuple[list[str], int]:
         total += len(ops)
         problems += [f"{tl}: {p}" for p in check(ops)]
     return problems, total
+
+
+def served_after_drop(paths: list[Path], dropped: list[tuple[str, int]]) -> list[str]:
+    """Operations that succeeded on an incarnation after its tables were dropped."""
+    gone = dict(dropped)
+    calls: dict[str, dict[str, Any]] = {}
+    problems = []
+    for p in paths:
+        for raw in p.read_text().splitlines():
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if rec["k"] == "call":
+                calls[rec["id"]] = rec
+            elif rec["k"] == "ret" and rec["ok"] and rec["id"] in calls:
+                c = calls[rec["id"]]
+                inc = c["timeline"].rpartition("@")[2]
+                if inc in gone and c["t"] > gone[inc]:
+                    problems.append(f"{c['timeline']}: {c['op']} -> {rec.get('value')} "
+                                    "succeeded on a dropped incarnation")
+    return problems
 
 
 class Stalled(Exception):
@@ -378,6 +482,9 @@ class Nemesis:
         self.faults: list[dict[str, Any]] = []
         self.first_fault = 0
         self.flag = out / "partitioned"
+        self.flips: Recorder | None = None
+        self.strict_at: float | None = None  # when reads stop being recorded as stale-read
+        self.dropped: list[tuple[str, int]] = []  # (incarnation, when its tables were gone)
 
     def fault(self, kind: str, **info: Any) -> None:
         now = time.monotonic_ns()
@@ -386,12 +493,70 @@ class Nemesis:
                             "at_ops": self.progress.ok, **info})
 
     def at(self, fraction: float) -> None:
-        """Wait until `fraction` of the run's operations have completed."""
-        while self.progress.poll() < fraction * self.min_ops:
+        """Wait until `fraction` of the run's operations have completed (and reads are checked
+        strictly again after a fencing-mode change: the next fault needs a strict window)."""
+        while self.progress.poll() < fraction * self.min_ops or self.strict_at is not None:
+            if self.strict_at is not None and time.monotonic() >= self.strict_at:
+                self.strict_at = None
+                self.control.write(relaxed=False)
+                self.fault("reads recorded strictly again")
             if time.monotonic() > self.deadline:
                 raise Stalled(f"{self.progress.ok} of {self.min_ops} operations completed "
                               "before the time cap")
             time.sleep(0.02)
+
+    @property
+    def other(self) -> str:
+        return "legacy" if self.implementation == "distributed" else "distributed"
+
+    def flip(self, target: str) -> None:
+        if self.flips is None:
+            self.flips = Recorder(self.out / "flips.jsonl", 99, self.run_id)
+        ids = {tl: self.flips.call(9999, tl, "flip") for tl in TIMELINES}
+        result = asyncio.run(tsoracle.flip(self.url, to=target))
+        for tl, op in ids.items():
+            self.flips.ret(op, True, result.bootstrap[tl])
+        self.control.write(implementation=target)
+        self.fault("flip", to=target, epoch=result.epoch)
+
+    def fencing(self, mode: str) -> None:
+        if mode == "Disabled":
+            self.control.write(relaxed=True)  # before any worker can see the mode
+            asyncio.run(tsoracle.set_fencing(self.url, mode))
+            self.fault("fencing Disabled")
+            return
+        asyncio.run(tsoracle.set_fencing(self.url, mode))
+        self.fault(f"fencing {mode}")
+        self.strict_at = time.monotonic() + STRICT_AGAIN_AFTER_S  # see at()
+
+    def reprovision(self) -> None:
+        """deletionPolicy: Delete, then the operator (or `tsoracle init`) provisions it again."""
+        from tsoracle.fencing import read_deployment
+        from tsoracle.oracle.connect import admin_backend
+        from tsoracle.store.schema import drop_schema
+
+        async def drop() -> str:
+            async with admin_backend(self.url) as backend:
+                old = (await read_deployment(backend)).incarnation
+                await drop_schema(backend)
+                return old
+
+        # The current (legacy) leader is paused across the drop and the re-provision, so it
+        # wakes after a new leader started on the new rows, holding a leader epoch that the new
+        # rows now carry too: only the incarnation tells the two apart.
+        paused = self.control.state["leader"]
+        self.procs[paused].send_signal(signal.SIGSTOP)
+        old = asyncio.run(drop())
+        self.dropped.append((old, time.monotonic_ns()))
+        self.fault("deployment dropped", incarnation=old, paused=paused)
+        self.control.write(leader=(paused + 1) % self.processes)
+        time.sleep(0.3)  # live clients meet missing tables
+        asyncio.run(tsoracle.init(self.url, timelines=list(TIMELINES),
+                                  implementation=self.implementation))
+        self.fault("deployment provisioned again")
+        self.at(self.progress.poll() / self.min_ops + 0.05)  # the new incarnation serves
+        self.procs[paused].send_signal(signal.SIGCONT)
+        self.fault("SIGCONT", process=paused)
 
     def lead(self, proc: int) -> None:
         """A take-over: `proc` becomes the designated legacy leader (no effect on distributed)."""
@@ -444,19 +609,28 @@ class Nemesis:
             time.sleep(3.0)  # longer than a legacy window (1 s): the new leader moves on
             self.procs[0].send_signal(signal.SIGCONT)
             self.fault("SIGCONT", process=0)
-        elif scenario == "flips":
-            rec = Recorder(self.out / "flips.jsonl", 99, self.run_id)
-            first = self.implementation
-            other = "legacy" if first == "distributed" else "distributed"
+        elif scenario in ("flips", "spark-client"):
+            first, other = self.implementation, self.other
             for frac, target in zip((0.2, 0.35, 0.5, 0.65, 0.8),
                                     (other, first, other, first, other), strict=True):
                 self.at(frac)
-                ids = {tl: rec.call(9999, tl, "flip") for tl in TIMELINES}
-                result = asyncio.run(tsoracle.flip(self.url, to=target))
-                for tl, op in ids.items():
-                    rec.ret(op, True, result.bootstrap[tl])
-                self.control.write(implementation=target)
-                self.fault("flip", to=target, epoch=result.epoch)
+                self.flip(target)
+        elif scenario == "fencing-modes":
+            # Always -> Disabled -> Always -> Disabled -> Always, with flips both ways and
+            # take-overs while Disabled, whichever implementation starts.
+            first, other = self.implementation, self.other
+            steps = [(0.1, self.fencing, "Disabled"), (0.2, self.lead, 1),
+                     (0.3, self.flip, other), (0.38, self.lead, 2), (0.45, self.flip, first),
+                     (0.5, self.fencing, "Always"), (0.6, self.flip, other),
+                     (0.65, self.fencing, "Disabled"), (0.7, self.lead, 3),
+                     (0.78, self.flip, first), (0.85, self.fencing, "Always")]
+            for frac, action, arg in steps:
+                self.at(frac)
+                action(arg)
+        elif scenario == "reprovision":
+            for frac in (0.3, 0.65):
+                self.at(frac)
+                self.reprovision()
         elif scenario == "clock":
             self.at(0.3)
             self.control.write(clock_offset_ms=-120_000)
@@ -514,6 +688,10 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
             argv += ["--partition-flag", str(out / "partitioned")]
         if scenario == "clock" and i % 2 == 0:
             argv += ["--clock-skew"]
+        if scenario == "reprovision":
+            argv += ["--by-incarnation"]
+        if scenario == "spark-client" and i == 0:
+            argv += ["--spark-client"]
         if broken:
             argv += ["--broken", broken]
         with open(out / f"worker-{i}.log", "ab") as log:  # a pipe nobody reads would fill up
@@ -547,6 +725,7 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
         pg.destroy()
     paths = sorted(out.glob("worker-*.jsonl")) + sorted(out.glob("flips.jsonl"))
     problems, completed = invariants(paths)
+    problems += served_after_drop(paths, nemesis.dropped)
     checked = porcupine(paths, out / "violation.html", run_id=run_id, window=(started, ended))
     cutoff = nemesis.first_fault or ended
     before = 0
@@ -604,6 +783,10 @@ def main() -> int:
     w.add_argument("--partition-flag")
     w.add_argument("--clock-skew", action="store_true", help="follow the control clock offset")
     w.add_argument("--broken", help="run a deliberately broken oracle (checker self-test)")
+    w.add_argument("--by-incarnation", action="store_true",
+                   help="key every timeline by the incarnation it ran on (reprovision)")
+    w.add_argument("--spark-client", action="store_true",
+                   help="drive the oracle through the Spark driver's OracleClient")
     for name in ("run", "all", "soak"):
         r = sub.add_parser(name)
         r.add_argument("--min-ops", type=int, default=3000 if name != "soak" else 100_000,
@@ -619,7 +802,10 @@ def main() -> int:
                            required=True)
     a = p.parse_args()
     if a.cmd == "worker":
-        asyncio.run(worker(a))
+        if a.spark_client:
+            spark_worker(a)
+        else:
+            asyncio.run(worker(a))
         return 0
     todo = ([(a.scenario, a.implementation)] if a.cmd == "run" else combos())
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

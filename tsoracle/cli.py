@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--liveness-port", type=int, default=8080)
     c.add_argument("--metrics-port", type=int, default=8081)
     c.add_argument("--bind", default="0.0.0.0", help="address of the liveness/metrics servers")
+    c.add_argument("--lease-namespace",
+                   help="hold this namespace's Lease while reconciling, so that only one "
+                        "operator acts (default: $POD_NAMESPACE; none: run alone)")
+    c.add_argument("--lease-name", default="tsoracle-operator", help="name of that Lease")
 
     c = cmd("bench", "closed-loop benchmark with physical-limit probes")
     c.add_argument("--mode", type=_csv(str), default=["read"],
@@ -235,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                 from tsoracle.operator.main import run_operator
 
             run_operator(namespaces=args.namespaces, liveness_port=args.liveness_port,
-                         metrics_port=args.metrics_port, bind=args.bind)
+                         metrics_port=args.metrics_port, bind=args.bind,
+                         lease_namespace=args.lease_namespace, lease_name=args.lease_name)
             return 0
     except errors.OracleError as exc:
         print(f"tsoracle: error: {exc}", file=sys.stderr)

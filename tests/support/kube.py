@@ -105,9 +105,13 @@ class Operator:
     """`tsoracle operator` as a real process, watching one namespace."""
 
     def __init__(self, kubeconfig: Path, namespace: str, log: Path,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 lease: tuple[str, str] | None = None) -> None:
+        """`lease`: (namespace, name) of the Lease to hold; without it the operator runs alone
+        (tests run many operators side by side, each watching its own namespace)."""
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
         self.extra_env = env or {}
+        self.lease = lease
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = free_port()
         self.liveness_port = free_port()
@@ -118,7 +122,9 @@ class Operator:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tsoracle.cli", "operator", "--namespace",
                  self.namespace, "--liveness-port", str(self.liveness_port), "--metrics-port",
-                 str(self.metrics_port), "--bind", "127.0.0.1"],
+                 str(self.metrics_port), "--bind", "127.0.0.1",
+                 *(["--lease-namespace", self.lease[0], "--lease-name", self.lease[1]]
+                   if self.lease else [])],
                 stdout=log, stderr=subprocess.STDOUT, env=env)
         return self
 

@@ -39,21 +39,25 @@ class Deployment:
     fence: str
     rollout: bool
     incarnation: str = ""
+    owner: str = ""  # the uid of the TimestampOracle resource that provisioned it, if any
+    generation: int = 0  # that resource's generation last applied (flip, fencing)
 
     def guard_params(self) -> dict[str, object]:
         """What GUARD compares against, for a process that opened under this row."""
         return {"epoch": self.epoch, "incarnation": self.incarnation}
 
 
-_READ = "SELECT epoch, implementation, fence, rollout, incarnation FROM {deployment} WHERE id = 1"
+_READ = ("SELECT epoch, implementation, fence, rollout, incarnation, owner, generation"
+         " FROM {deployment} WHERE id = 1")
 
 
 async def read_deployment(db: Backend | Tx, *, for_update: bool = False) -> Deployment:
     rows = await db.fetch(_READ + (" FOR UPDATE" if for_update else ""))
     if not rows:
         raise Fenced("the deployment row is missing; run `tsoracle init` to provision the schema")
-    epoch, impl, fence, rollout, incarnation = rows[0]
-    return Deployment(int(epoch), str(impl), str(fence), bool(rollout), str(incarnation))
+    epoch, impl, fence, rollout, incarnation, owner, generation = rows[0]
+    return Deployment(int(epoch), str(impl), str(fence), bool(rollout), str(incarnation),
+                      str(owner), int(generation))
 
 
 def check_mode(mode: str) -> str:
@@ -95,12 +99,18 @@ def superseded(opened: Deployment, now: Deployment, implementation: str) -> Fenc
     )
 
 
-async def set_fencing(backend: Backend, mode: str) -> Deployment:
-    """Change the fencing mode everywhere in one transaction."""
+async def set_fencing(backend: Backend, mode: str, *, generation: int | None = None) -> Deployment:
+    """Change the fencing mode everywhere in one transaction. With `generation` (see
+    `flip_backend`), a change asked for by an older resource generation is refused."""
     check_mode(mode)
 
     async def body(tx: Tx) -> Deployment:
-        await read_deployment(tx, for_update=True)
+        dep = await read_deployment(tx, for_update=True)
+        if generation is not None:
+            if generation < dep.generation:
+                return dep
+            await tx.fetch("UPDATE {deployment} SET generation = %(g)s WHERE id = 1",
+                           {"g": generation})
         params = {"fence": mode}
         await tx.fetch(
             "UPDATE {deployment} SET fence = %(fence)s,"

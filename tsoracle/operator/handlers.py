@@ -11,15 +11,19 @@ import asyncio
 import datetime as dt
 import logging
 import os
+import random
 import time
 from typing import Any
 
 import kopf
+import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from tsoracle.errors import ConfigError, OracleError, OracleUnavailable
-from tsoracle.fencing import finish_rollout, set_fencing
+from tsoracle.fencing import IMPLEMENTATIONS, finish_rollout, set_fencing
 from tsoracle.operator import metrics
 from tsoracle.operator.kube import SecretProblem, patch_status, read_secret_url
+from tsoracle.operator.lease import LeaderLease
 from tsoracle.operator.model import (
     GROUP,
     PLURAL,
@@ -30,22 +34,91 @@ from tsoracle.operator.model import (
     status_patch,
     with_schema,
 )
-from tsoracle.operator.redact import redact
+from tsoracle.operator.ownership import Owner, OwnershipProblem, check_ownership
+from tsoracle.operator.redact import redact, redact_addresses
 from tsoracle.oracle.api import wall_clock_ms
-from tsoracle.oracle.connect import admin_backend
+from tsoracle.oracle.connect import open_instrumented_backend
 from tsoracle.oracle.flip import flip_backend
-from tsoracle.oracle.provision import provision
+from tsoracle.oracle.provision import claim, find_deployment, provision, release
 from tsoracle.oracle.status import read_status
-from tsoracle.store import parse_url
+from tsoracle.store import Backend, parse_url
 from tsoracle.store.schema import drop_schema
 
 RETRY_SECONDS = 5.0
 FAULT_ENV = "TSORACLE_OPERATOR_FAULT"  # test-only fault injection: "exit-after-flip"
+LEASE_NAMESPACE_ENV, LEASE_NAME_ENV = "TSORACLE_LEASE_NAMESPACE", "TSORACLE_LEASE_NAME"
+OPERATOR_POOL_SIZE = 4  # per database, shared by every resource that uses it
 log = logging.getLogger("tsoracle.operator")
+LEASE: LeaderLease | None = None
+_LEASE_TASK: asyncio.Task[None] | None = None
+
+
+class SharedBackends:
+    """One open backend per database, shared by the resources whose Secrets name it: a pass
+    opens no session of its own, and a hundred resources in one database use a few
+    connections, not a hundred."""
+
+    def __init__(self) -> None:
+        self._roots: dict[str, Backend] = {}
+        self._users: dict[str, set[str]] = {}
+        self._used_by: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, resource: str, url: str) -> Backend:
+        parsed = parse_url(url)
+        key = f"{parsed.kind}\0{parsed.dsn}"
+        async with self._lock:
+            if self._used_by.get(resource, key) != key:
+                await self._forget(resource)  # its Secret now names another database
+            root = self._roots.get(key)
+            if root is None:
+                root = await open_instrumented_backend(url, create=True,
+                                                       pool_size=OPERATOR_POOL_SIZE)
+                self._roots[key] = root
+            self._users.setdefault(key, set()).add(resource)
+            self._used_by[resource] = key
+        return root.for_schema(parsed.schema)
+
+    async def forget(self, resource: str) -> None:
+        async with self._lock:
+            await self._forget(resource)
+
+    async def _forget(self, resource: str) -> None:
+        key = self._used_by.pop(resource, None)
+        if key is None:
+            return
+        users = self._users.get(key, set())
+        users.discard(resource)
+        if not users:
+            self._users.pop(key, None)
+            root = self._roots.pop(key, None)
+            if root is not None:
+                await root.close()
+
+    async def close(self) -> None:
+        async with self._lock:
+            for root in self._roots.values():
+                await root.close()
+            self._roots.clear()
+            self._users.clear()
+            self._used_by.clear()
+
+
+BACKENDS = SharedBackends()
+
+
+class _RedactPoolLogs(logging.Filter):
+    """psycopg's pool logs connection failures with the server's address: keep it out."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact_addresses(record.getMessage())
+        record.args = None
+        return True
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global LEASE, _LEASE_TASK
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # Our resources are known in advance: skip kopf's cluster scan of CRDs and namespaces, which
     # would need cluster-wide list/watch rights the operator has no other use for.
@@ -56,10 +129,28 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.posting.level = logging.INFO
     settings.posting.reporting_component = "tsoracle-operator"
+    logging.getLogger("psycopg.pool").addFilter(_RedactPoolLogs())
+    lease_ns = os.environ.get(LEASE_NAMESPACE_ENV)
+    if lease_ns:
+        LEASE = LeaderLease(lease_ns, os.environ.get(LEASE_NAME_ENV) or "tsoracle-operator")
+        _LEASE_TASK = asyncio.get_running_loop().create_task(LEASE.run())
+
+
+@kopf.on.cleanup()
+async def shut_down(**_: Any) -> None:
+    if _LEASE_TASK is not None:
+        _LEASE_TASK.cancel()  # releases the lease, so a successor starts at once
+        await asyncio.gather(_LEASE_TASK, return_exceptions=True)
+    await BACKENDS.close()
 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _jitter(delay: float) -> float:
+    # Resources created together would otherwise refresh in lock-step forever.
+    return delay * random.uniform(0.9, 1.1)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
@@ -70,17 +161,34 @@ async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.
     try:
         while not stopped:
             wake.clear()
-            delay = await reconcile_once(name, namespace, body)
-            # Sleep until the refresh is due, the spec changes, or kopf stops the daemon.
-            waiters = [asyncio.ensure_future(wake.wait()),
-                       asyncio.ensure_future(stopped.wait())]
+            if LEASE is not None and not LEASE.held():
+                await _until(LEASE.wait_held(), stopped)
+                continue
             try:
-                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waiters:
-                    w.cancel()
+                delay = await reconcile_once(name, namespace, body)
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                # The API server restarting or overloaded: try again soon, inside this loop,
+                # rather than let kopf restart the daemon after its own (long) backoff.
+                what = getattr(exc, "status", None) or type(exc).__name__
+                log.warning("%s/%s: Kubernetes API call failed (%s); retrying in %.0f s",
+                            namespace, name, what, RETRY_SECONDS)
+                metrics.RECONCILES.labels("api_error").inc()
+                delay = RETRY_SECONDS
+            # Sleep until the refresh is due, the spec changes, or kopf stops the daemon.
+            await _until(wake.wait(), stopped, timeout=_jitter(delay))
     finally:
         metrics.MANAGED.dec()
+        await BACKENDS.forget(f"{namespace}/{name}")
+
+
+async def _until(awaitable: Any, stopped: kopf.DaemonStopped,
+                 timeout: float | None = None) -> None:
+    waiters = [asyncio.ensure_future(awaitable), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -91,10 +199,17 @@ def spec_changed(memo: kopf.Memo, **_: Any) -> None:
         wake.set()
 
 
+async def _has_timelines(backend: Backend, timelines: tuple[str, ...]) -> bool:
+    rows = await backend.fetch("SELECT DISTINCT timeline FROM {timestamps}")
+    return set(timelines) <= {r[0] for r in rows}
+
+
 async def reconcile_once(name: str, namespace: str, body: kopf.Body) -> float:
-    """One pass: provision, apply fencing and the implementation flag, publish status."""
+    """One pass: check ownership, provision what is missing, apply fencing and the
+    implementation flag, publish status."""
     started = time.perf_counter()
     generation = int(body.meta.get("generation") or 0)
+    owner = Owner(namespace, name, str(body.meta.get("uid") or ""))
     old_status = dict(body.get("status") or {})
     obs = Observation()
     spec: OracleSpec | None = None
@@ -104,40 +219,50 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body) -> float:
         spec = parse_spec(body.get("spec") or {})
         url = with_schema(await read_secret_url(namespace, spec.secret_name, spec.secret_key),
                           spec.schema)
-        parse_url(url)
-        async with admin_backend(url, create=True) as backend:
-            done = await provision(backend, spec.timelines, implementation=spec.implementation)
-            obs.provisioned = True
-            dep = done.deployment
-            if dep.fence != spec.fencing:
-                dep = await set_fencing(backend, spec.fencing)
-            flipped = None
-            if dep.implementation != spec.implementation:
-                t0 = time.perf_counter()
-                flipped = await flip_backend(backend, spec.implementation)
+        backend = await BACKENDS.get(f"{namespace}/{name}", url)
+        found = await find_deployment(backend)
+        check_ownership(found, owner, spec.schema, old_status)
+        if found is None or not await _has_timelines(backend, spec.timelines):
+            await provision(backend, spec.timelines, implementation=spec.implementation,
+                            owner=owner.tag)
+        dep = await claim(backend, owner.tag)
+        check_ownership(dep, owner, spec.schema, {})  # another resource seeded it first
+        obs.provisioned = True
+        if dep.fence != spec.fencing:
+            dep = await set_fencing(backend, spec.fencing, generation=generation)
+        flipped = None
+        if dep.implementation != spec.implementation:
+            t0 = time.perf_counter()
+            flipped = await flip_backend(backend, spec.implementation, generation=generation)
+            if flipped.changed:
                 metrics.FLIP_SECONDS.observe(time.perf_counter() - t0)
                 metrics.FLIPS.labels(spec.implementation).inc()
                 if os.environ.get(FAULT_ENV) == "exit-after-flip":
                     os._exit(3)  # simulate a crash between the flip and its publication
-            published = old_status.get("activeImplementation")
-            if flipped is not None or published not in (None, spec.implementation):
-                if flipped is None:
-                    # The flip committed before a crash: the no-op call reports its position.
-                    flipped = await flip_backend(backend, spec.implementation)
-                obs.bootstrap = flipped.bootstrap
-                extra["lastFlipTime"] = _now()
-                boot = ", ".join(f"{k}={v}" for k, v in sorted(flipped.bootstrap.items()))
-                kopf.info(body, reason="Flipped",
-                          message=f"implementation {published or flipped.previous} -> "
-                                  f"{spec.implementation}, epoch {flipped.epoch}; "
-                                  f"bootstrap {boot}")
-            elif dep.rollout and _rollout_over(old_status, spec):
-                await finish_rollout(backend)
+            elif flipped.stale:
+                log.info("%s/%s: generation %d is older than the one the backend applied; "
+                         "left as it is", namespace, name, generation)
+        status = await read_status(backend, wall_clock_ms)
+        now_dep = status.deployment
+        published = int(old_status.get("epoch") or 0)
+        if flipped is not None and flipped.changed:
+            _flipped_event(body, flipped.previous, flipped.implementation, flipped.epoch,
+                           flipped.bootstrap, obs, extra)
+        elif (published and now_dep.epoch > published
+              and old_status.get("activeImplementation") not in (None, now_dep.implementation)):
+            # A flip committed but was never published (the operator died in between). Flips
+            # only ever change the implementation, so it came from the other one.
+            position = await flip_backend(backend, now_dep.implementation)
+            previous = next(i for i in IMPLEMENTATIONS if i != now_dep.implementation)
+            _flipped_event(body, previous, now_dep.implementation, now_dep.epoch,
+                           position.bootstrap, obs, extra)
+        elif now_dep.rollout and _rollout_over(old_status, spec):
+            await finish_rollout(backend)
             status = await read_status(backend, wall_clock_ms)
-            obs.status = status
-            obs.rollout = status.deployment.rollout
-    except SecretProblem as exc:
-        obs.degraded_reason, obs.degraded_message = exc.reason, str(exc)
+        obs.status = status
+        obs.rollout = status.deployment.rollout
+    except (SecretProblem, OwnershipProblem) as exc:
+        obs.degraded_reason, obs.degraded_message = exc.reason, redact(str(exc), url)
     except ConfigError as exc:
         obs.degraded_reason = "BadURL" if url is not None else "InvalidSpec"
         obs.degraded_message = redact(str(exc), url)
@@ -151,6 +276,9 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body) -> float:
         metrics.FAILURES.labels(obs.degraded_reason).inc()
         log.warning("%s/%s degraded (%s): %s", namespace, name, obs.degraded_reason,
                     obs.degraded_message)
+        if obs.degraded_reason in ("BackendChanged", "SchemaInUse", "SecretNotLabelled") \
+                and _degraded_reason(old_status) != obs.degraded_reason:
+            kopf.warn(body, reason=obs.degraded_reason, message=obs.degraded_message)
     metrics.ROLLOUT.labels(namespace, name).set(1 if obs.rollout else 0)
     patch = status_patch(obs, spec, old_status, generation, _now())
     patch.update(extra)
@@ -162,6 +290,22 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body) -> float:
     return float(spec.refresh_s)
 
 
+def _flipped_event(body: kopf.Body, previous: str, to: str, epoch: int,
+                   bootstrap: dict[str, int], obs: Observation, extra: dict[str, Any]) -> None:
+    obs.bootstrap = bootstrap
+    extra["lastFlipTime"] = _now()
+    boot = ", ".join(f"{k}={v}" for k, v in sorted(bootstrap.items()))
+    kopf.info(body, reason="Flipped",
+              message=f"implementation {previous} -> {to}, epoch {epoch}; bootstrap {boot}")
+
+
+def _degraded_reason(status: dict[str, Any]) -> str:
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Degraded" and c.get("status") == "True":
+            return str(c.get("reason") or "")
+    return ""
+
+
 def _rollout_over(old_status: dict[str, Any], spec: OracleSpec) -> bool:
     since = old_status.get("lastFlipTime")
     if not since:
@@ -171,21 +315,49 @@ def _rollout_over(old_status: dict[str, Any], spec: OracleSpec) -> bool:
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def deleted(name: str, namespace: str, spec: kopf.Spec, **_: Any) -> None:
-    """Honour deletionPolicy: Retain keeps the tables, Delete drops the schema."""
+async def deleted(name: str, namespace: str, spec: kopf.Spec, meta: kopf.Meta, body: kopf.Body,
+                  **_: Any) -> None:
+    """Honour deletionPolicy for what this resource owns: Delete drops tsoracle's tables,
+    Retain gives up ownership so that a new resource may adopt them. Nothing else is touched."""
     try:
         parsed = parse_spec(spec)
     except ConfigError:
         return  # never provisioned anything
-    if parsed.deletion_policy != "Delete":
-        return
+    if LEASE is not None and not LEASE.held():
+        raise kopf.TemporaryError("another operator holds the lease", delay=RETRY_SECONDS)
+    owner = Owner(namespace, name, str(meta.get("uid") or ""))
+    what = "drop" if parsed.deletion_policy == "Delete" else "release"
+    url = None
     try:
         url = with_schema(await read_secret_url(namespace, parsed.secret_name,
                                                 parsed.secret_key), parsed.schema)
-        async with admin_backend(url) as backend:
+        backend = await BACKENDS.get(f"{namespace}/{name}", url)
+        found = await find_deployment(backend)
+        if found is None:
+            return
+        if found.owner and found.owner != owner.tag:
+            kopf.warn(body, reason="DeletionSkipped",
+                      message=f"schema {parsed.schema!r} belongs to another TimestampOracle; "
+                              "nothing was dropped or released")
+            return
+        if what == "drop":
             await drop_schema(backend)
-    except SecretProblem as exc:
-        raise kopf.PermanentError(f"cannot drop the schema: {exc}; tables are kept") from None
+            kopf.info(body, reason="Dropped", message=f"dropped tsoracle's tables in schema "
+                                                      f"{parsed.schema!r}")
+        else:
+            await release(backend, owner.tag)
+    except ConfigError as exc:  # Secret gone, unlabelled or unusable: never block deletion
+        kopf.warn(body, reason="DeletionSkipped",
+                  message=f"cannot {what} schema {parsed.schema!r}: {redact(str(exc), url)}; "
+                          "the tables are kept as they are")
     except OracleError as exc:
-        raise kopf.TemporaryError(f"dropping the schema failed ({type(exc).__name__}); "
-                                  "will retry", delay=RETRY_SECONDS) from None
+        message = (f"cannot {what} schema {parsed.schema!r} ({type(exc).__name__}: "
+                   f"{redact(str(exc), url)}); deletion waits and retries")
+        kopf.warn(body, reason="DeletionBlocked", message=message)
+        obs = Observation(degraded_reason="DeletionBlocked", degraded_message=message)
+        await patch_status(namespace, name, status_patch(
+            obs, None, dict(body.get("status") or {}), int(meta.get("generation") or 0),
+            _now()))
+        raise kopf.TemporaryError(f"{what} failed; retrying", delay=RETRY_SECONDS) from None
+    finally:
+        await BACKENDS.forget(f"{namespace}/{name}")

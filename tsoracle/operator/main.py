@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import kopf
 from prometheus_client import start_http_server
 
@@ -9,8 +11,18 @@ import tsoracle.operator  # noqa: F401  (registers the handlers)
 
 
 def run_operator(*, namespaces: list[str], liveness_port: int, metrics_port: int,
-                 bind: str = "0.0.0.0") -> None:
-    """Single replica, no peering: the chart runs one pod with the Recreate strategy."""
+                 bind: str = "0.0.0.0", lease_namespace: str | None = None,
+                 lease_name: str | None = None) -> None:
+    """Reconciles only while holding the Lease (see operator/lease.py); without a lease
+    namespace (flag, $TSORACLE_LEASE_NAMESPACE or $POD_NAMESPACE) it runs alone."""
+    from tsoracle.operator.handlers import LEASE_NAME_ENV, LEASE_NAMESPACE_ENV
+
+    lease_namespace = (lease_namespace or os.environ.get(LEASE_NAMESPACE_ENV)
+                       or os.environ.get("POD_NAMESPACE"))
+    if lease_namespace:
+        os.environ[LEASE_NAMESPACE_ENV] = lease_namespace
+    if lease_name:
+        os.environ[LEASE_NAME_ENV] = lease_name
     kopf.configure(verbose=False)  # INFO logs in kopf's format; object bodies only at DEBUG
     if metrics_port:
         start_http_server(metrics_port, addr=bind)

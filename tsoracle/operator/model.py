@@ -10,7 +10,7 @@ from tsoracle.errors import ConfigError, InvalidTimeline
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.oracle.status import Status
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
-from tsoracle.store import url_with_schema
+from tsoracle.store import has_schema, parse_url, url_with_schema
 
 GROUP = "tsoracle.io"
 VERSION = "v1alpha1"
@@ -64,7 +64,12 @@ def parse_spec(spec: Mapping[str, Any]) -> OracleSpec:
 
 
 def with_schema(url: str, schema: str) -> str:
-    """The backend URL with the resource's schema (a schema already in the URL wins)."""
+    """The backend URL with the resource's schema. A URL that names another schema is refused:
+    spec.backend.schema is immutable, and a Secret edit must not move the oracle elsewhere."""
+    if has_schema(url) and parse_url(url).schema != schema:
+        raise ConfigError(
+            f"the backend URL in the Secret names a schema other than spec.backend.schema "
+            f"({schema!r}); remove the schema parameter from the Secret's URL")
     return url_with_schema(url, schema)
 
 
@@ -130,6 +135,7 @@ def status_patch(obs: Observation, spec: OracleSpec | None, old_status: Mapping[
     if st is not None:
         patch["activeImplementation"] = st.deployment.implementation
         patch["epoch"] = st.deployment.epoch
+        patch["incarnation"] = st.deployment.incarnation
         patch["fencing"] = st.deployment.fence
         patch["timelines"] = [
             {"name": t.timeline, "readTs": str(t.read_ts), "writeTs": str(t.write_ts),

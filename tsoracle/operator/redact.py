@@ -13,10 +13,29 @@ from urllib.parse import unquote, urlsplit
 from tsoracle.errors import ConfigError
 from tsoracle.store import parse_url, secret_forms
 
+# Where the server is, as libpq and the pool spell it, whatever the URL said (`localhost`
+# resolves to addresses that appear nowhere in the URL).
+_ADDRESSES = [
+    (re.compile(r'(server (?:at|on socket)) "[^"]*"(?:\s*\([^)]*\))?'), r"\1 <backend>"),
+    (re.compile(r'(host name) "[^"]*"'), r"\1 <backend>"),
+    (re.compile(r"\b(host|hostaddr|port): '[^']*'"), r"\1: '<backend>'"),
+    (re.compile(r",?\s*\bport \d+"), ""),
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"), "<backend>"),
+    (re.compile(r"\[?\b(?:[0-9A-Fa-f]{1,4}:){1,7}:(?:[0-9A-Fa-f]{1,4}:?){0,6}\]?"
+                r"|(?<![\w:])::1\b"), "<backend>"),
+]
+
+
+def redact_addresses(text: str) -> str:
+    """Remove server addresses, ports and socket paths from a driver message."""
+    for pattern, repl in _ADDRESSES:
+        text = pattern.sub(repl, text)
+    return text
+
 
 def redact(text: str, url: str | None) -> str:
     if not url:
-        return text
+        return redact_addresses(text)
     secrets = [url, url.strip()]
     try:
         parsed = parse_url(url)
@@ -43,4 +62,4 @@ def redact(text: str, url: str | None) -> str:
             pass
     for s in sorted({s for s in secrets if len(s) > 2}, key=len, reverse=True):
         text = re.sub(re.escape(s), "<backend>", text, flags=re.IGNORECASE)
-    return text
+    return redact_addresses(text)

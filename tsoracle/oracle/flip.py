@@ -20,18 +20,24 @@ class FlipResult:
     # timeline -> the largest applied read frontier: the target's read_ts starts there, not at
     # `bootstrap`, so writes allocated but not applied stay invisible
     read_bootstrap: dict[str, int] = field(default_factory=dict)
+    stale: bool = False  # refused: a newer resource generation was already applied
 
 
-async def flip_backend(backend: Backend, to: str) -> FlipResult:
+async def flip_backend(backend: Backend, to: str, *, generation: int | None = None) -> FlipResult:
     """One transaction: bump the epoch, bootstrap `to` above everything, fence the rest.
 
     Every per-timeline row is locked first (SELECT ... FOR UPDATE) so no allocation can slip in
-    between reading the maximum and raising the target to it.
+    between reading the maximum and raising the target to it. `generation` (the operator's
+    resource generation) is recorded with the flip; a flip asked for by an older generation than
+    the one recorded changes nothing (`stale`), so a paused or second operator cannot undo it.
     """
     check_implementation(to)
 
     async def body(tx: Tx) -> FlipResult:
         dep = await read_deployment(tx, for_update=True)
+        if generation is not None and generation < dep.generation:
+            return FlipResult(dep.epoch, dep.implementation, dep.implementation, False,
+                              stale=True)
         rows = await tx.fetch(
             "SELECT timeline, implementation, read_ts, write_ts FROM {timestamps}"
             " ORDER BY timeline, implementation FOR UPDATE"
@@ -44,6 +50,9 @@ async def flip_backend(backend: Backend, to: str) -> FlipResult:
                 continue  # already there: report the target's own position
             top[timeline] = max(top.get(timeline, 0), read, write)
             read_top[timeline] = max(read_top.get(timeline, 0), read)
+        if generation is not None and generation > dep.generation:
+            await tx.fetch("UPDATE {deployment} SET generation = %(g)s WHERE id = 1",
+                           {"g": generation})
         if dep.implementation == to:
             return FlipResult(dep.epoch, to, to, False, top, read_top)
         epoch = dep.epoch + 1

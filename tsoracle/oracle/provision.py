@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tsoracle.errors import ConfigError
+from tsoracle.errors import ConfigError, Fenced
 from tsoracle.fencing import (
     IMPLEMENTATIONS,
     Deployment,
@@ -41,11 +41,13 @@ async def provision(
     initial_ts: int = 0,
     implementation: str = "distributed",
     fencing: str | None = None,
+    owner: str = "",
 ) -> Provisioned:
     """Create schema, tables and timelines that are missing; existing state is never changed.
 
     `implementation` applies only to a brand-new deployment; use `flip` to change it later.
-    `fencing`, when given, sets the mode for the whole deployment.
+    `fencing`, when given, sets the mode for the whole deployment. `owner` is recorded only in
+    a brand-new deployment (the operator passes its resource's uid; see `claim`).
     """
     names = [parse_timeline(t).name for t in timelines]
     check_implementation(implementation)
@@ -56,7 +58,7 @@ async def provision(
             f"[0, {U64_MAX}], got {initial_ts!r}"
         )
     fence = check_mode(fencing or "Always")
-    await ensure_schema(backend, implementation=implementation, fence=fence)
+    await ensure_schema(backend, implementation=implementation, fence=fence, owner=owner)
     if fencing is not None:
         await set_fencing(backend, fencing)
 
@@ -87,3 +89,27 @@ async def timeline_exists(backend: Backend, timeline: str) -> bool:
         "SELECT 1 FROM {timestamps} WHERE timeline = %(timeline)s", {"timeline": timeline}
     )
     return bool(rows)
+
+
+async def find_deployment(backend: Backend) -> Deployment | None:
+    """The deployment row, or None when the schema or the row does not exist."""
+    if not await backend.table_exists("deployment"):
+        return None
+    try:
+        return await read_deployment(backend)
+    except Fenced:  # tables without their row
+        return None
+
+
+async def claim(backend: Backend, owner: str) -> Deployment:
+    """Record `owner` on a deployment nobody owns (made by `tsoracle init`, or released by a
+    deleted resource); a deployment owned by someone else is left as it is."""
+    await backend.fetch("UPDATE {deployment} SET owner = %(owner)s WHERE id = 1 AND owner = ''",
+                        {"owner": owner})
+    return await read_deployment(backend)
+
+
+async def release(backend: Backend, owner: str) -> None:
+    """Give up ownership (deletionPolicy: Retain), so that a new resource may adopt the data."""
+    await backend.fetch("UPDATE {deployment} SET owner = '' WHERE id = 1 AND owner = %(owner)s",
+                        {"owner": owner})

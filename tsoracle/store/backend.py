@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -35,6 +37,10 @@ class _Unpinned(Pinned):
 
     async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
         return await self.backend.fetch(template, params)
+
+
+async def _not_owned() -> None:
+    return None
 
 
 class Backend(ABC):
@@ -80,6 +86,17 @@ class Backend(ABC):
 
     @abstractmethod
     async def table_exists(self, table: str) -> bool: ...
+
+    def for_schema(self, schema: str) -> Backend:
+        """The same open connections, addressing another schema's tables (the operator serves
+        many resources in one database). Closing the result leaves the connections open: the
+        backend it came from owns them."""
+        view = copy.copy(self)
+        view.url = dataclasses.replace(self.url, schema=schema)
+        view.dialect = copy.copy(self.dialect)
+        view.dialect.schema = schema
+        view.close = _not_owned  # type: ignore[method-assign]
+        return view
 
     def enc(self, ts: int) -> Any:
         return self.dialect.encode_ts(ts)

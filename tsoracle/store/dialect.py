@@ -59,8 +59,8 @@ class Dialect:
     def migrations(self) -> list[Any]:
         """Statements that bring tables from older releases up to date; each may fail only
         because it was already applied (SQLite has no ADD COLUMN IF NOT EXISTS)."""
-        return [self.render(_ADD_INCARNATION.replace("{table}", "{" + t + "}"))
-                for t in ORACLE_TABLES]
+        return [self.render(f"ALTER TABLE {{{t}}} ADD COLUMN {c} {ty}")
+                for t, c, ty in ADDED_COLUMNS]
 
 
 _TABLE_DDL = """
@@ -70,7 +70,9 @@ CREATE TABLE IF NOT EXISTS {deployment} (
     implementation TEXT NOT NULL CHECK (implementation IN ('legacy', 'distributed')),
     fence TEXT NOT NULL CHECK (fence IN ('Always', 'Rollout', 'Disabled')),
     rollout BOOLEAN NOT NULL,
-    incarnation TEXT NOT NULL DEFAULT ''
+    incarnation TEXT NOT NULL DEFAULT '',
+    owner TEXT NOT NULL DEFAULT '',
+    generation BIGINT NOT NULL DEFAULT 0
 )
 """
 _STATE_DDL = """
@@ -89,13 +91,19 @@ CREATE TABLE IF NOT EXISTS {timestamps} (
 )
 """
 SEED_DEPLOYMENT = """
-INSERT INTO {deployment} (id, epoch, implementation, fence, rollout, incarnation)
-VALUES (1, 1, %(implementation)s, %(fence)s, %(rollout)s, %(incarnation)s)
+INSERT INTO {deployment} (id, epoch, implementation, fence, rollout, incarnation, owner)
+VALUES (1, 1, %(implementation)s, %(fence)s, %(rollout)s, %(incarnation)s, %(owner)s)
 ON CONFLICT (id) DO NOTHING
 """
-# Tables created before the incarnation column existed get it with the empty incarnation: their
-# clients keep working, and a later drop and re-provision still gets a fresh one.
-_ADD_INCARNATION = "ALTER TABLE {table} ADD COLUMN incarnation TEXT NOT NULL DEFAULT ''"
+# Columns added after the first release, with what older rows get: the empty incarnation (their
+# clients keep working; a later drop and re-provision still gets a fresh one), no owner (the
+# first operator resource to reconcile adopts it), generation 0.
+ADDED_COLUMNS = (
+    ("deployment", "incarnation", "TEXT NOT NULL DEFAULT ''"),
+    ("deployment", "owner", "TEXT NOT NULL DEFAULT ''"),
+    ("deployment", "generation", "BIGINT NOT NULL DEFAULT 0"),
+    ("timestamps", "incarnation", "TEXT NOT NULL DEFAULT ''"),
+)
 
 
 class PostgresDialect(Dialect):
@@ -138,8 +146,8 @@ class PostgresDialect(Dialect):
             sql.Identifier(self.schema)).as_string(None)
 
     def migrations(self) -> list[Any]:
-        return [self.render(_ADD_INCARNATION.replace("ADD COLUMN", "ADD COLUMN IF NOT EXISTS")
-                            .replace("{table}", "{" + t + "}")) for t in ORACLE_TABLES]
+        return [self.render(f"ALTER TABLE {{{t}}} ADD COLUMN IF NOT EXISTS {c} {ty}")
+                for t, c, ty in ADDED_COLUMNS]
 
     def optional_ddl(self) -> list[Any]:
         # Hot single rows leave many MVCC versions behind on CockroachDB; a short GC TTL keeps

@@ -7,12 +7,13 @@ import secrets
 
 from tsoracle.errors import OracleUnavailable
 from tsoracle.store.backend import Backend
-from tsoracle.store.dialect import ORACLE_TABLES, SEED_DEPLOYMENT
+from tsoracle.store.dialect import ADDED_COLUMNS, ORACLE_TABLES, SEED_DEPLOYMENT
 
 log = logging.getLogger(__name__)
 
 
-async def ensure_schema(backend: Backend, *, implementation: str, fence: str) -> None:
+async def ensure_schema(backend: Backend, *, implementation: str, fence: str,
+                        owner: str = "") -> None:
     """Create what is missing; seed the deployment row only if it does not exist yet."""
     for statement in backend.dialect.ddl():
         # Two processes racing on CREATE ... IF NOT EXISTS can still collide in the catalog;
@@ -33,7 +34,7 @@ async def ensure_schema(backend: Backend, *, implementation: str, fence: str) ->
     await backend.fetch(
         SEED_DEPLOYMENT,
         {"implementation": implementation, "fence": fence, "rollout": False,
-         "incarnation": new_incarnation()},
+         "incarnation": new_incarnation(), "owner": owner},
     )
 
 
@@ -46,8 +47,9 @@ async def _migrate(backend: Backend) -> None:
     # Probe first: ALTER TABLE takes the strongest table lock even when it has nothing to do,
     # and the operator provisions on every reconcile.
     try:
-        await backend.fetch("SELECT incarnation FROM {deployment} WHERE 1 = 0")
-        await backend.fetch("SELECT incarnation FROM {timestamps} WHERE 1 = 0")
+        for table in ORACLE_TABLES:
+            columns = ", ".join(c for t, c, _ in ADDED_COLUMNS if t == table)
+            await backend.fetch(f"SELECT {columns} FROM {{{table}}} WHERE 1 = 0")
         return
     except OracleUnavailable:
         pass

@@ -1,0 +1,142 @@
+"""One active operator at a time: a coordination.k8s.io Lease, renewed while it is held.
+
+Why a Lease rather than kopf peering: peering pauses operators by priority and needs its own
+cluster-wide CRD; a Lease is the Kubernetes primitive for exactly "one holder, taken over when it
+stops renewing", needs only get/create/update on one object in the operator's namespace, and is
+what kube-controller-manager uses. A holder that stops renewing (paused, partitioned) loses it
+after `DURATION_S`; what it was doing when it stopped is made harmless by the storage (a flip or
+fencing change asked for by an older resource generation changes nothing), not by the Lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import socket
+import time
+import uuid
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tsoracle.operator.kube import api_client
+
+DURATION_S = 15
+RENEW_EVERY_S = 5
+log = logging.getLogger("tsoracle.operator.lease")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class LeaderLease:
+    def __init__(self, namespace: str, name: str, identity: str | None = None) -> None:
+        self.namespace, self.name = namespace, name
+        self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._held_until = 0.0  # monotonic; renewals push it forward
+        self._changed = asyncio.Event()
+        # Expiry is judged by our own clock, from when we last saw the record change (as
+        # client-go does), never by comparing another host's renewTime with our wall clock.
+        self._seen: tuple[str, object] | None = None
+        self._seen_at = 0.0
+
+    def held(self) -> bool:
+        # A margin below the lease duration: stop acting before another operator may start.
+        return time.monotonic() < self._held_until
+
+    async def wait_held(self) -> None:
+        while not self.held():
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), RENEW_EVERY_S)
+            except TimeoutError:
+                pass
+
+    async def run(self) -> None:
+        """Acquire and renew until cancelled; then release, so a successor need not wait."""
+        try:
+            while True:
+                started = time.monotonic()
+                try:
+                    if await asyncio.to_thread(self._try_acquire):
+                        was = self.held()
+                        self._held_until = started + DURATION_S - RENEW_EVERY_S
+                        if not was:
+                            log.info("lease %s/%s acquired by %s", self.namespace, self.name,
+                                     self.identity)
+                            self._changed.set()
+                    elif self.held():
+                        self._held_until = 0.0
+                        log.warning("lease %s/%s lost", self.namespace, self.name)
+                except (ApiException, OSError) as exc:
+                    log.warning("lease %s/%s not renewed (%s); retrying", self.namespace,
+                                self.name, getattr(exc, "status", type(exc).__name__))
+                await asyncio.sleep(RENEW_EVERY_S)
+        finally:
+            if self.held():
+                self._held_until = 0.0
+                try:
+                    await asyncio.to_thread(self._release)
+                except (ApiException, OSError):
+                    pass
+
+    def _api(self) -> client.CoordinationV1Api:
+        return client.CoordinationV1Api(api_client())
+
+    def _try_acquire(self) -> bool:
+        api = self._api()
+        now = _now()
+        try:
+            lease = api.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = client.V1Lease(
+                metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+                spec=client.V1LeaseSpec(holder_identity=self.identity,
+                                        lease_duration_seconds=DURATION_S, acquire_time=now,
+                                        renew_time=now, lease_transitions=0))
+            try:
+                api.create_namespaced_lease(self.namespace, body)
+            except ApiException as exc2:
+                if exc2.status == 409:
+                    return False  # someone else created it first
+                raise
+            return True
+        spec = lease.spec or client.V1LeaseSpec()
+        holder = spec.holder_identity or ""
+        record = (holder, spec.renew_time)
+        if record != self._seen:
+            self._seen, self._seen_at = record, time.monotonic()
+        duration = spec.lease_duration_seconds or DURATION_S
+        expired = time.monotonic() - self._seen_at > duration
+        if holder and holder != self.identity and not expired:
+            return False
+        if holder != self.identity:
+            spec.acquire_time = now
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        spec.holder_identity = self.identity
+        spec.renew_time = now
+        spec.lease_duration_seconds = DURATION_S
+        lease.spec = spec
+        try:
+            # The resourceVersion in `lease` makes this a compare-and-swap: of two operators
+            # taking over an expired lease at once, one gets 409 Conflict.
+            api.replace_namespaced_lease(self.name, self.namespace, lease)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def _release(self) -> None:
+        api = self._api()
+        lease = api.read_namespaced_lease(self.name, self.namespace)
+        if lease.spec is None or lease.spec.holder_identity != self.identity:
+            return
+        lease.spec.holder_identity = ""
+        lease.spec.renew_time = None
+        api.replace_namespaced_lease(self.name, self.namespace, lease)

@@ -88,7 +88,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory):
     plane = ControlPlane(tmp_path_factory.mktemp("controlplane") / "state", postgres=False)
     kubeconfig = plane.up()
     try:
-        yield Kube(kubeconfig, tools)
+        yield Kube(kubeconfig, tools, plane=plane)
     finally:
         plane.down()
 

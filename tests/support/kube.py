@@ -19,9 +19,10 @@ from localpg import free_port  # noqa: E402
 
 
 class Kube:
-    def __init__(self, kubeconfig: Path, tools: Path) -> None:
+    def __init__(self, kubeconfig: Path, tools: Path, plane: Any = None) -> None:
         self.kubeconfig = kubeconfig
         self.tools = tools
+        self.plane = plane  # the local ControlPlane, when the tests started one
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}

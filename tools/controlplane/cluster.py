@@ -133,7 +133,7 @@ class ControlPlane:
             "--initial-cluster", f"dev=http://127.0.0.1:{peer_port}",
             "--unsafe-no-fsync", "--log-level", "warn",
         ], logs)
-        apiserver = self._spawn("kube-apiserver", [
+        self._apiserver_argv = [
             str(apiserver_bin), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
             "--cert-dir", str(pki), "--secure-port", str(api_port),
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
@@ -144,10 +144,12 @@ class ControlPlane:
             "--service-account-signing-key-file", str(pki / "sa.key"),
             "--api-audiences", "https://kubernetes.default.svc",
             "--allow-privileged=true", "--enable-priority-and-fairness=false",
-        ], logs)
+        ]
+        apiserver = self._spawn("kube-apiserver", self._apiserver_argv, logs)
         self.info_file.write_text(json.dumps({
             "pids": {"etcd": etcd, "kube-apiserver": apiserver},
             "apiserver_port": api_port, "etcd_port": etcd_port, "postgres_url": pg_url,
+            "apiserver_argv": self._apiserver_argv,
         }))
         if not self._ready(api_port, timeout=120):
             tail = (logs / "kube-apiserver.log").read_text()[-3000:]
@@ -155,6 +157,22 @@ class ControlPlane:
             raise RuntimeError(f"kube-apiserver did not become ready:\n{tail}")
         self._write_kubeconfig(api_port, pki / "apiserver.crt")
         return self.kubeconfig
+
+    def restart_apiserver(self, down_seconds: float = 3.0) -> None:
+        """Kill kube-apiserver (no drain) and start it again on the same port: what clients
+        see during an upgrade or a crash of the control plane."""
+        info = self.info()
+        pid = int(info["pids"]["kube-apiserver"])
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        while _alive(pid):
+            time.sleep(0.05)
+        time.sleep(down_seconds)
+        info["pids"]["kube-apiserver"] = self._spawn(
+            "kube-apiserver", list(info["apiserver_argv"]), self.state / "logs")
+        self.info_file.write_text(json.dumps(info))
+        if not self._ready(int(info["apiserver_port"]), timeout=120):
+            raise RuntimeError("kube-apiserver did not come back")
 
     def _spawn(self, name: str, argv: list[str], logs: Path) -> int:
         with open(logs / f"{name}.log", "ab") as log:

@@ -217,8 +217,8 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body) -> float:
     extra: dict[str, Any] = {}
     try:
         spec = parse_spec(body.get("spec") or {})
-        url = with_schema(await read_secret_url(namespace, spec.secret_name, spec.secret_key),
-                          spec.schema)
+        url = await read_secret_url(namespace, spec.secret_name, spec.secret_key)
+        url = with_schema(url, spec.schema)  # a mismatch is a BadURL, not an InvalidSpec
         backend = await BACKENDS.get(f"{namespace}/{name}", url)
         found = await find_deployment(backend)
         check_ownership(found, owner, spec.schema, old_status)

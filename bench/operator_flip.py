@@ -1,7 +1,12 @@
-"""Flip latency through the operator: from patching spec.implementation to status showing the
-new epoch with Ready=True, for N TimestampOracle resources flipped at once.
+"""The operator at N resources: steady-state load, then flip latency.
 
-    python bench/operator_flip.py --count 1 --count 50
+Steady state: for `--steady` seconds after every resource is Ready, the operator's database
+sessions (sampled from pg_stat_activity every 0.2 s: every client session except the sampler's
+own) and its reconcile passes per second (its /metrics). Flip latency: from patching
+spec.implementation to status showing the new epoch with Ready=True, for N resources flipped at
+once.
+
+    python bench/operator_flip.py --count 1 --count 50 --count 100
 
 Starts its own local control plane (tools/controlplane) and PostgreSQL (tools/localpg.py); the
 operator runs as a local process with the admin kubeconfig.
@@ -31,12 +36,18 @@ from support.kube import Kube, Operator, is_ready  # noqa: E402
 GROUP, VERSION, PLURAL = "tsoracle.io", "v1alpha1", "timestamporacles"
 
 
-def run(kube: Kube, pg: LocalPostgres, count: int, workdir: Path) -> dict[str, float]:
+def sessions(pg: LocalPostgres) -> int:
+    rows = pg.sql("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                  " AND pid <> pg_backend_pid()", "postgres")
+    return int(rows[0][0])  # type: ignore[call-overload]
+
+
+def run(kube: Kube, pg: LocalPostgres, count: int, workdir: Path,
+        steady_s: float) -> dict[str, float]:
     ns = kube.new_namespace("bench")
     db = "bench_" + uuid.uuid4().hex[:8]
     pg.sql(f"CREATE DATABASE {db} OWNER tsoracle", "postgres")
-    kube.kubectl("-n", ns, "create", "secret", "generic", "oracle-db",
-                 f"--from-literal=url={pg.url(database=db)}")
+    kube.backend_secret(ns, "oracle-db", pg.url(database=db))
     op = Operator(kube.kubeconfig, ns, workdir / f"op-{count}.log").start()
     api = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
     try:
@@ -54,6 +65,12 @@ def run(kube: Kube, pg: LocalPostgres, count: int, workdir: Path) -> dict[str, f
             if time.monotonic() > deadline:
                 raise SystemExit("resources did not become Ready")
             time.sleep(0.5)
+        passes0, samples = op.reconciles(), []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < steady_s:
+            samples.append(sessions(pg))
+            time.sleep(0.2)
+        passes_per_s = (op.reconciles() - passes0) / (time.monotonic() - t0)
         version = api.list_namespaced_custom_object(GROUP, VERSION, ns,
                                                     PLURAL)["metadata"]["resourceVersion"]
         patched: dict[str, float] = {}
@@ -75,15 +92,21 @@ def run(kube: Kube, pg: LocalPostgres, count: int, workdir: Path) -> dict[str, f
                     stream.stop()
         lat = sorted(done.values())
         total = max(patched[n] + d for n, d in done.items()) - min(patched.values())
-        return {"count": count, "p50_s": statistics.median(lat), "max_s": lat[-1],
-                "all_done_s": total}
+        return {"count": count, "steady_sessions_max": max(samples),
+                "steady_sessions_mean": round(statistics.mean(samples), 1),
+                "steady_passes_per_s": round(passes_per_s, 1),
+                "flip_p50_s": round(statistics.median(lat), 2), "flip_max_s": round(lat[-1], 2),
+                "all_done_s": round(total, 2)}
     finally:
         op.stop()
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--count", type=int, action="append", default=[])
+    p.add_argument("--count", type=int, action="append", default=[],
+                   help="resources (repeatable; default 1 and 50)")
+    p.add_argument("--steady", type=float, default=20.0,
+                   help="seconds of steady state measured before the flips")
     a = p.parse_args()
     counts = a.count or [1, 50]
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,7 +119,7 @@ def main() -> None:
         pg.start()
         try:
             for n in counts:
-                print(json.dumps(run(kube, pg, n, work)), flush=True)
+                print(json.dumps(run(kube, pg, n, work, a.steady)), flush=True)
         finally:
             pg.destroy()
             plane.down()

@@ -251,3 +251,38 @@ def test_reconciles_resume_promptly_after_an_api_server_restart(kube, oracle_ns)
     log = oracle_ns.log.read_text()
     assert "Kubernetes API call failed" in log  # the loop saw the outage and retried
     assert "daemon" not in log.lower() or "failed with an exception" not in log, log[-3000:]
+
+
+def test_no_server_address_reaches_status_events_or_logs(kube, oracle_ns):
+    # Before the fix a `localhost` URL's resolved address and port reached the Degraded
+    # message (libpq names the address it tried, which the URL never spelled out).
+    ns = oracle_ns.name
+    kube.backend_secret(ns, "local", "postgresql://tsoracle:pw-Zq81x@localhost:1/x")
+    kube.kubectl("-n", ns, "apply", "-f", "-", stdin=oracle("local", "s_local", secret="local"))
+    obj = kube.wait_tso(ns, "local", degraded("BackendUnavailable"), timeout=90)
+    oracle_ns.operator.wait_reconciles(0)  # metrics up; the log has the pass's warning by now
+    text = json.dumps(obj["status"]) + json.dumps(kube.events(ns)) + oracle_ns.log.read_text()
+    for leak in ("127.0.0.1", "::1", "localhost", "port 1 ", "port: '1'", "pw-Zq81x"):
+        assert leak not in text, leak
+
+
+def test_a_blocked_deletion_is_visible(kube, oracle_ns, pg):
+    ns = oracle_ns.name
+    kube.kubectl("-n", ns, "apply", "-f", "-",
+                 stdin=oracle("doomed", "s_doomed", policy="Delete"))
+    kube.wait_tso(ns, "doomed", at_epoch(1))
+    unreachable = oracle_ns.url.rsplit(":", 1)[0] + ":1/x"
+    patch = {"data": {"url": base64.b64encode(unreachable.encode()).decode()}}
+    kube.kubectl("-n", ns, "patch", "secret", "oracle-db", "-p", json.dumps(patch))
+    kube.kubectl("-n", ns, "delete", "tso", "doomed", "--wait=false")
+    obj = kube.wait_tso(ns, "doomed", degraded("DeletionBlocked"), timeout=120)
+    assert condition(obj, "Ready")["status"] == "False"
+    blocked = wait_events(kube, ns, "DeletionBlocked", 1, settle=0)
+    assert blocked[0]["type"] == "Warning" and "127.0.0.1" not in blocked[0]["message"]
+    patch = {"data": {"url": base64.b64encode(oracle_ns.url.encode()).decode()}}
+    kube.kubectl("-n", ns, "patch", "secret", "oracle-db", "-p", json.dumps(patch))
+    kube.kubectl("-n", ns, "wait", "--for=delete", "tso/doomed", "--timeout=120s")
+    dbname = oracle_ns.url.rsplit("/", 1)[1]
+    schemas = {r[0] for r in pg.sql("SELECT schema_name FROM information_schema.schemata",
+                                    dbname)}
+    assert "s_doomed" not in schemas

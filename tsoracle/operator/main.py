@@ -23,6 +23,8 @@ def run_operator(*, namespaces: list[str], liveness_port: int, metrics_port: int
         os.environ[LEASE_NAMESPACE_ENV] = lease_namespace
     if lease_name:
         os.environ[LEASE_NAME_ENV] = lease_name
+    # libpq names the session, so a DBA sees the operator's sessions in pg_stat_activity.
+    os.environ.setdefault("PGAPPNAME", "tsoracle-operator")
     kopf.configure(verbose=False)  # INFO logs in kopf's format; object bodies only at DEBUG
     if metrics_port:
         start_http_server(metrics_port, addr=bind)

@@ -37,6 +37,15 @@ def test_chart_rbac_is_sufficient_and_no_wider(kube, chart, oracle_ns):
     for denied in [("list", "secrets"), ("delete", "timestamporacles"), ("create", "pods"),
                    ("update", "secrets")]:
         assert can[denied] == "no", denied
+    # The Lease: its own, in the release namespace only.
+    def lease_can(verb: str, target: str, namespace: str) -> str:
+        return kube.kubectl("auth", "can-i", verb, target, "-n", namespace, check=False,
+                            kubeconfig=chart.kubeconfig).stdout.strip()
+
+    assert lease_can("update", "leases/tsoracle", chart.namespace) == "yes"
+    assert lease_can("get", "leases/tsoracle", chart.namespace) == "yes"
+    assert lease_can("update", "leases/kube-scheduler", chart.namespace) == "no"
+    assert lease_can("create", "leases", ns) == "no"
     # A real call, not only a review: listing Secrets is refused.
     r = kube.kubectl("-n", ns, "get", "secrets", check=False, kubeconfig=chart.kubeconfig)
     assert r.returncode != 0 and "forbidden" in r.stderr.lower()

@@ -46,6 +46,10 @@ class Fenced(OracleError):
     """This process was superseded: a newer leader or a flip moved the epoch."""
 
 
+class LeadershipLost(Fenced):
+    """Another process took over this legacy timeline (taking it back would fence that one)."""
+
+
 class TimelineMismatch(OracleError):
     """A read mixes inputs that live on different timelines."""
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tsoracle.errors import Fenced, UnknownTimeline
+from tsoracle.errors import Fenced, LeadershipLost, UnknownTimeline
 from tsoracle.fencing.coalesce import Coalescer
 from tsoracle.fencing.modes import (
     GUARD,
@@ -178,7 +178,7 @@ class Leadership:
                 "SELECT leader_epoch FROM {timestamps} " + _WHERE, {"timeline": self.timeline}
             )
             current = int(rows[0][0]) if rows else "?"
-            err = Fenced(
+            err = LeadershipLost(
                 f"a newer legacy leader took over timeline {self.timeline!r} (leader epoch "
                 f"{self.leader_epoch} -> {current}); only one process may serve a timeline with "
                 "the legacy implementation, use the distributed one for several processes"

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
+from tsoracle.errors import OracleClosed, OracleError
 from tsoracle.oracle.api import TimestampOracle
+
+log = logging.getLogger(__name__)
 
 P = TypeVar("P")
 
@@ -22,6 +26,12 @@ class GroupCommitter(Generic[P]):
     visible to readers only after `apply_write`; if the append fails, nobody in the group
     gets a timestamp and nothing is applied. An append that raises `Conflict` is retried at a
     fresh timestamp.
+
+    With `durable_appends`, the append itself makes the group visible (the Spark tables'
+    catalog does: its readers never read past its upper), so once it returned the group gets
+    its timestamp even if `apply_write` then fails: failing the callers would make them retry
+    and write their rows twice. The apply is retried in the background until it succeeds;
+    `idle()` waits for those retries.
     """
 
     def __init__(
@@ -32,6 +42,7 @@ class GroupCommitter(Generic[P]):
         max_group: int = 10_000,
         max_conflicts: int = 50,
         on_group: Callable[[int], None] | None = None,
+        durable_appends: bool = False,
     ) -> None:
         self.oracle = oracle
         self._append = append
@@ -40,6 +51,8 @@ class GroupCommitter(Generic[P]):
         self._on_group = on_group
         self._queue: list[tuple[P, asyncio.Future[int]]] = []
         self._worker: asyncio.Task[None] | None = None
+        self._durable = durable_appends
+        self._applying: set[asyncio.Task[None]] = set()
 
     async def commit(self, payload: P) -> int:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -72,6 +85,37 @@ class GroupCommitter(Generic[P]):
                 await self._append(ts, payloads)
             except Conflict:
                 continue  # another writer committed above ts first: take a fresh timestamp
-            await self.oracle.apply_write(ts)
+            await self.apply(ts)
             return ts
         raise Conflict(f"gave up after {self._max_conflicts} conflicting commits")
+
+    async def apply(self, ts: int) -> None:
+        """`apply_write(ts)`; with durable appends a failure is retried in the background."""
+        if not self._durable:
+            await self.oracle.apply_write(ts)
+            return
+        try:
+            await self.oracle.apply_write(ts)
+        except OracleError as exc:
+            log.warning("apply_write(%d) failed after a durable commit (%s); retrying in the "
+                        "background", ts, type(exc).__name__)
+            task = asyncio.get_running_loop().create_task(self._apply_until_done(ts))
+            self._applying.add(task)
+            task.add_done_callback(self._applying.discard)
+
+    async def _apply_until_done(self, ts: int) -> None:
+        delay = 0.1
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.oracle.apply_write(ts)
+                return
+            except OracleClosed:
+                return  # shutting down: the catalog already holds the commit
+            except OracleError:
+                delay = min(delay * 2, 5.0)
+
+    async def idle(self, timeout: float | None = None) -> None:
+        """Wait for background applies (at most `timeout` seconds)."""
+        if self._applying:
+            await asyncio.wait(set(self._applying), timeout=timeout)

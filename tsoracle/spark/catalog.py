@@ -5,6 +5,11 @@ Commit protocol (compare-and-set on the timeline's upper): a commit at `ts` succ
 the upper to `T` ("seals" it). So once anyone has read at `T`, no commit at or below `T` can land:
 a writer that allocated a timestamp, was delayed, and lost the race gets `Conflict` and retries
 at a fresh timestamp. Every read at `T` therefore returns the same rows forever.
+
+Commits are idempotent: each records the unique path of its data, and a retried commit
+transaction (after a lost COMMIT reply, say) that finds its own row counts as done. A stream's
+batch tags live one per row in `table_tags`, unique per table, written in the commit's
+transaction, so a replayed batch is recognised whichever commit it shared.
 """
 
 from __future__ import annotations
@@ -26,7 +31,18 @@ _DDL = (
         path TEXT NOT NULL, tag TEXT, PRIMARY KEY (table_name, ts))""",
     """CREATE TABLE IF NOT EXISTS {timeline_uppers} (
         timeline TEXT PRIMARY KEY, upper TSTYPE NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS {table_tags} (
+        table_name TEXT NOT NULL, tag TEXT NOT NULL, ts TSTYPE NOT NULL,
+        PRIMARY KEY (table_name, tag))""",
 )
+
+
+class TagExists(Exception):
+    """A batch with this tag was committed before, at `ts`."""
+
+    def __init__(self, tag: str, ts: int) -> None:
+        super().__init__(f"tag {tag!r} was committed at {ts}")
+        self.tag, self.ts = tag, ts
 
 
 @dataclass(frozen=True)
@@ -88,10 +104,24 @@ async def _lookup(db: Backend | Tx, name: str) -> TableInfo | None:
 
 
 async def commit(backend: Backend, info: TableInfo, ts: int, path: str,
-                 tag: str | None = None, expected_upper: int | None = None) -> None:
-    """Compare-and-set the timeline's upper to `ts` and record the commit, atomically."""
+                 tags: tuple[str, ...] = (), expected_upper: int | None = None) -> None:
+    """Compare-and-set the timeline's upper to `ts` and record the commit, atomically.
+
+    Raises `Conflict` when the upper moved (nothing was committed) and `TagExists` when a tag
+    was committed before (nothing was committed either). A body that finds its own commit (the
+    same path: a retry after an ambiguous COMMIT) returns as done.
+    """
 
     async def body(tx: Tx) -> None:
+        mine = await tx.fetch("SELECT 1 FROM {table_commits} WHERE table_name = %(n)s"
+                              " AND path = %(p)s", {"n": info.name, "p": path})
+        if mine:
+            return
+        for tag in tags:
+            rows = await tx.fetch("SELECT ts FROM {table_tags} WHERE table_name = %(n)s"
+                                  " AND tag = %(g)s", {"n": info.name, "g": tag})
+            if rows:
+                raise TagExists(tag, backend.dec(rows[0][0]))
         params = {"t": info.timeline, "ts": backend.enc(ts)}
         condition = ""
         if expected_upper is not None:
@@ -103,9 +133,32 @@ async def commit(backend: Backend, info: TableInfo, ts: int, path: str,
         if not won:
             raise Conflict(f"timeline {info.timeline!r} moved past {ts}")
         await tx.fetch("INSERT INTO {table_commits} (table_name, ts, timeline, path, tag)"
-                       " VALUES (%(n)s, %(ts)s::numeric, %(t)s, %(p)s, %(g)s)",
+                       " VALUES (%(n)s, %(ts)s::numeric, %(t)s, %(p)s, NULL)",
                        {"n": info.name, "ts": backend.enc(ts), "t": info.timeline,
-                        "p": path, "g": tag})
+                        "p": path})
+        for tag in tags:
+            # Unique per table: a concurrent commit of the same tag makes this one fail whole.
+            await tx.fetch("INSERT INTO {table_tags} (table_name, tag, ts)"
+                           " VALUES (%(n)s, %(g)s, %(ts)s::numeric)",
+                           {"n": info.name, "g": tag, "ts": backend.enc(ts)})
+
+    await backend.transaction(body)
+
+
+async def committed(backend: Backend, name: str, path: str) -> int | None:
+    """The timestamp of the commit of `path`, or None if it was never committed."""
+    rows = await backend.fetch("SELECT ts FROM {table_commits} WHERE table_name = %(n)s"
+                               " AND path = %(p)s", {"n": name, "p": path})
+    return backend.dec(rows[0][0]) if rows else None
+
+
+async def drop(backend: Backend, name: str) -> None:
+    """Forget a table: its commits, tags and catalog entry, in one transaction."""
+
+    async def body(tx: Tx) -> None:
+        for table in ("table_tags", "table_commits"):
+            await tx.fetch("DELETE FROM {" + table + "} WHERE table_name = %(n)s", {"n": name})
+        await tx.fetch("DELETE FROM {table_catalog} WHERE name = %(n)s", {"n": name})
 
     await backend.transaction(body)
 
@@ -130,10 +183,11 @@ async def commits_as_of(backend: Backend, name: str, ts: int) -> list[tuple[int,
     return [(backend.dec(t), str(p)) for t, p in rows]
 
 
-async def has_tag(backend: Backend, name: str, tag: str) -> bool:
-    rows = await backend.fetch("SELECT 1 FROM {table_commits} WHERE table_name = %(n)s"
+async def tag_ts(backend: Backend, name: str, tag: str) -> int | None:
+    """When the batch tagged `tag` was committed, or None."""
+    rows = await backend.fetch("SELECT ts FROM {table_tags} WHERE table_name = %(n)s"
                                " AND tag = %(g)s", {"n": name, "g": tag})
-    return bool(rows)
+    return backend.dec(rows[0][0]) if rows else None
 
 
 def _describe(columns: list[dict[str, Any]]) -> str:

@@ -13,16 +13,16 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
-from tsoracle.errors import ConfigError, Fenced, OracleClosed
+from tsoracle.errors import ConfigError, Fenced, LeadershipLost, OracleClosed
 from tsoracle.extras import needs_extra
 from tsoracle.oracle import TimestampOracle, open_oracle, parse_timeline
 from tsoracle.oracle.connect import open_instrumented_backend
 from tsoracle.oracle.sync import LoopThread
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
 from tsoracle.spark import catalog
+from tsoracle.spark.locations import table_location
 from tsoracle.store import Backend
 
 T = TypeVar("T")
@@ -36,7 +36,7 @@ class OracleClient:
                  fencing: str | None = None) -> None:
         self.url = url
         self.default_timeline = parse_timeline(timeline).name
-        self.data_dir = Path(data_dir).resolve()
+        self.data_dir = table_location(data_dir)
         self.staleness_s = staleness_s
         self._fencing = fencing
         self._runner = LoopThread()
@@ -46,6 +46,7 @@ class OracleClient:
         self._shut = False
         self._closed_cache: dict[str, tuple[float, int]] = {}
         self.reopens = 0
+        self.committers: list[Any] = []  # the tables' group committers (see close)
         self.backend: Backend = self._runner.run(self._open_catalog())
 
     async def _open_catalog(self) -> Backend:
@@ -107,6 +108,15 @@ class OracleClient:
             oracle = await self._oracle(name)
             try:
                 return await fn(oracle)
+            except LeadershipLost as exc:
+                # Another driver took this legacy timeline over. Taking it back would fence
+                # that driver in turn, and every take-over jumps a reservation window ahead.
+                self._retire(name, oracle, exc)
+                raise LeadershipLost(
+                    f"another process leads the legacy timeline {name!r}; the legacy "
+                    "implementation serves one process per timeline, so several Spark drivers "
+                    "need the distributed one (spec.implementation: distributed, or "
+                    "`tsoracle flip distributed`)") from None
             except Fenced as exc:
                 self._retire(name, oracle, exc)
             except OracleClosed:
@@ -182,8 +192,15 @@ class OracleClient:
         if cached is not None and now - cached[0] <= self.staleness_s:
             return cached[1]
         ts = self.run(catalog.upper(self.backend, timeline))
-        self._closed_cache[timeline] = (now, ts)
-        return ts
+        return self.saw_closed(timeline, ts, now)
+
+    def saw_closed(self, timeline: str, ts: int, at: float | None = None) -> int:
+        """Record that `ts` is closed; the cached value only moves forward (a slow refresh
+        finishing last must not take a later read back in time)."""
+        cached = self._closed_cache.get(timeline)
+        best = max(ts, cached[1]) if cached is not None else ts
+        self._closed_cache[timeline] = (time.monotonic() if at is None else at, best)
+        return best
 
     def run(self, coro: Awaitable[T]) -> T:
         return self._runner.run(coro)  # type: ignore[arg-type]
@@ -202,8 +219,17 @@ class OracleClient:
 
         return TimestampedTable.open(self, spark, name)
 
+    def drop_table(self, spark: Any, name: str) -> None:
+        """Delete a table: its catalog entry, then its files. Irreversible."""
+        from tsoracle.spark.table import TimestampedTable
+
+        TimestampedTable.open(self, spark, name).drop()
+
     def close(self) -> None:
         async def shutdown() -> None:
+            # Durable commits whose apply_write is still being retried: give them a moment.
+            await asyncio.gather(*(c.idle(timeout=5.0) for c in self.committers),
+                                 return_exceptions=True)
             self._shut = True
             await asyncio.gather(*self._opening.values(), return_exceptions=True)
             oracles, self._oracles = list(self._oracles.values()), {}

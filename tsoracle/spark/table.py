@@ -10,7 +10,7 @@ commit at or below it, and let Spark sum the diffs per row.
 from __future__ import annotations
 
 import asyncio
-import shutil
+import logging
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
@@ -25,12 +25,37 @@ from tsoracle.oracle import GroupCommitter, common_timeline
 from tsoracle.oracle.group_commit import Conflict
 from tsoracle.spark import catalog
 from tsoracle.spark.catalog import TableInfo
+from tsoracle.spark.locations import check_table_name
 
 if TYPE_CHECKING:
     from tsoracle.spark.client import OracleClient
 
+log = logging.getLogger(__name__)
 TS, DIFF = "_ts", "_diff"
-RESERVED = (TS, DIFF, "_n")
+# Columns the reader adds for itself: a prefix of its own, reserved, so no user column collides.
+INTERNAL = "__tso_"
+COUNT, COPY = INTERNAL + "n", INTERNAL + "copy"
+
+
+def _reserved(name: str) -> bool:
+    # Spark resolves column names case-insensitively by default: `_TS` is `_ts`.
+    low = name.lower()
+    return low in (TS, DIFF) or low.startswith(INTERNAL)
+
+
+def _delete(spark: SparkSession, path: str) -> None:
+    """Remove a directory through Hadoop's file system API, for local paths and URIs alike."""
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    target = jvm.org.apache.hadoop.fs.Path(path)
+    target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(target, True)  # type: ignore[attr-defined]
+
+
+def _null_safe(left: DataFrame, right: DataFrame, cols: list[str]) -> Any:
+    cond = None
+    for c in cols:
+        term = left[c].eqNullSafe(right[c])
+        cond = term if cond is None else cond & term
+    return cond
 
 
 def _columns(schema: StructType) -> list[dict[str, Any]]:
@@ -57,24 +82,39 @@ class TimestampedTable:
         self.schema = StructType([StructField.fromJson(c["json"]) for c in info.columns])
         self.before_commit: Callable[[int], None] | None = None  # tracing / fault-injection hook
         self._committer = GroupCommitter(_Stamper(client, info.timeline),  # type: ignore[arg-type]
-                                         self._append_group)
+                                         self._append_group, durable_appends=True)
+        client.committers.append(self._committer)
 
     @classmethod
     def create(cls, client: OracleClient, spark: SparkSession, name: str, schema: StructType,
                *, keys: tuple[str, ...] = (), timeline: str) -> TimestampedTable:
-        clash = [f.name for f in schema.fields if f.name in RESERVED]
+        check_table_name(name)
+        clash = [f.name for f in schema.fields if _reserved(f.name)]
         if clash:
-            raise ConfigError(f"column names {clash} are reserved by tsoracle; rename them")
+            raise ConfigError(f"column names {clash} are reserved by tsoracle (_ts, _diff and "
+                              f"names starting with {INTERNAL}, in any letter case); rename them")
+        lowered = [f.name.lower() for f in schema.fields]
+        dupes = sorted({n for n in lowered if lowered.count(n) > 1})
+        if dupes:
+            raise ConfigError(f"column names {dupes} differ only in letter case; Spark would "
+                              "not tell them apart")
         missing = [k for k in keys if k not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"key columns {missing} are not in the schema of {name!r}")
         info = TableInfo(name, timeline, _columns(schema), list(keys),
-                         str(client.data_dir / name))
+                         f"{client.data_dir}/{name}")
         return cls(client, spark, client.run(catalog.register(client.backend, info)))
 
     @classmethod
     def open(cls, client: OracleClient, spark: SparkSession, name: str) -> TimestampedTable:
+        check_table_name(name)
         return cls(client, spark, client.run(catalog.lookup(client.backend, name)))
+
+    def drop(self) -> None:
+        """Forget the table in the catalog, then delete its files (readers follow the catalog,
+        so none is left pointing at a deleted file)."""
+        self.client.run(catalog.drop(self.client.backend, self.name))
+        _delete(self.spark, self.info.location)
 
     @property
     def name(self) -> str:
@@ -87,63 +127,120 @@ class TimestampedTable:
     # --- writes ---------------------------------------------------------------------------
 
     def append(self, df: DataFrame, *, tag: str | None = None) -> int:
-        """Insert the rows; returns the commit timestamp. Concurrent calls share a commit."""
-        return self._commit(df, +1, tag)
+        """Insert the rows; returns the commit timestamp. Concurrent calls share a commit,
+        except tagged ones (a stream's batches): those commit alone, once per tag."""
+        self._check_schema(df)
+        self._check_keys(df)
+        if tag is not None:
+            return self.client.run(self._commit_tagged(df, tag))
+        return self.client.run(self._committer.commit((df, +1)))
 
     def retract(self, df: DataFrame) -> int:
-        """Delete one occurrence of each given row."""
-        return self._commit(df, -1, None)
-
-    def _commit(self, df: DataFrame, diff: int, tag: str | None) -> int:
+        """Delete one occurrence of each given row. Rows that are not in the table are refused
+        (`ConfigError`), checked against the state the retraction commits on top of."""
         self._check_schema(df)
-        return self.client.run(self._committer.commit((df, diff, tag)))
+        cols = self.schema.fieldNames()
+
+        def frame(current: DataFrame, ts: int) -> DataFrame:
+            need = df.groupBy(*cols).agg(F.count(F.lit(1)).alias(COUNT))
+            have = current.groupBy(*cols).agg(F.count(F.lit(1)).alias(COPY))
+            short = (need.join(have, _null_safe(need, have, cols), "left")
+                     .where(F.coalesce(have[COPY], F.lit(0)) < need[COUNT]))
+            if short.limit(1).count():
+                raise ConfigError(f"retract from {self.name!r}: some rows are not in the table "
+                                  "(or fewer times than given); nothing was retracted")
+            return self._stamp(df, -1, ts)
+
+        return self.client.run(self._commit_on_current(frame, "retract"))
 
     def upsert(self, df: DataFrame) -> int:
         """Replace the rows whose keys appear in `df`; one commit, retried on conflicts."""
         if not self.info.keys:
             raise ConfigError(f"table {self.name!r} has no key columns; upsert needs them")
         self._check_schema(df)
+        self._check_keys(df)
         if df.groupBy(*self.info.keys).count().where("count > 1").limit(1).count():
             raise ConfigError(f"upsert into {self.name!r}: duplicate keys in the input")
-        return self.client.run(self._upsert(df))
+        keys = df.select(*self.info.keys)
 
-    async def _upsert(self, df: DataFrame) -> int:
+        def frame(current: DataFrame, ts: int) -> DataFrame:
+            old = current.join(keys, _null_safe(current, keys, self.info.keys), "left_semi")
+            return self._stamp(old, -1, ts).unionByName(self._stamp(df, +1, ts))
+
+        return self.client.run(self._commit_on_current(frame, "upsert"))
+
+    def _check_keys(self, df: DataFrame) -> None:
+        if not self.info.keys:
+            return
+        nulls = None
+        for k in self.info.keys:
+            nulls = F.col(k).isNull() if nulls is None else nulls | F.col(k).isNull()
+        if df.where(nulls).limit(1).count():
+            raise ConfigError(f"NULL in a key column of {self.name!r} "
+                              f"({', '.join(self.info.keys)}); keys must not be NULL")
+
+    async def _commit_on_current(self, build: Callable[[DataFrame, int], DataFrame],
+                                 what: str) -> int:
+        """Commit a frame computed from the current rows, with a compare-and-set on the upper it
+        was computed at: if anyone commits in between, recompute (no blind changes)."""
         stamper = _Stamper(self.client, self.timeline)
         for _ in range(50):
             base = await catalog.upper(self.client.backend, self.timeline)
             ts = (await stamper.write_ts()).timestamp
             current = await asyncio.to_thread(self._read_at, base)
-            old = current.join(df.select(*self.info.keys), on=self.info.keys, how="left_semi")
-            frame = self._stamp(old, -1, ts).unionByName(self._stamp(df, +1, ts))
+            frame = await asyncio.to_thread(build, current, ts)
             try:
-                await self._write_and_commit(frame, ts, None, expected_upper=base)
+                await self._write_and_commit(frame, ts, expected_upper=base)
             except Conflict:
                 continue
-            await stamper.apply_write(ts)
+            await self._committer.apply(ts)
             return ts
-        raise OracleError(f"upsert into {self.name!r} kept conflicting with other writers")
+        raise OracleError(f"{what} on {self.name!r} kept conflicting with other writers")
 
-    async def _append_group(self, ts: int, payloads: list[tuple[DataFrame, int, str | None]]
-                            ) -> None:
-        frames = [self._stamp(df, diff, ts) for df, diff, _ in payloads]
+    async def _commit_tagged(self, df: DataFrame, tag: str) -> int:
+        stamper = _Stamper(self.client, self.timeline)
+        for _ in range(50):
+            ts = (await stamper.write_ts()).timestamp
+            try:
+                await self._write_and_commit(self._stamp(df, +1, ts), ts, tags=(tag,))
+            except Conflict:
+                continue
+            except catalog.TagExists as done:
+                await self._committer.apply(done.ts)  # it may never have been applied
+                return done.ts
+            await self._committer.apply(ts)
+            return ts
+        raise OracleError(f"append to {self.name!r} kept conflicting with other writers")
+
+    async def _append_group(self, ts: int, payloads: list[tuple[DataFrame, int]]) -> None:
+        frames = [self._stamp(df, diff, ts) for df, diff in payloads]
         frame = frames[0]
         for other in frames[1:]:
             frame = frame.unionByName(other)
-        tags = [t for _, _, t in payloads if t]
-        await self._write_and_commit(frame, ts, ",".join(tags) or None)
+        await self._write_and_commit(frame, ts)
 
-    async def _write_and_commit(self, frame: DataFrame, ts: int, tag: str | None,
+    async def _write_and_commit(self, frame: DataFrame, ts: int, *, tags: tuple[str, ...] = (),
                                 expected_upper: int | None = None) -> None:
         path = f"{self.info.location}/data/{ts}-{uuid.uuid4().hex[:8]}"
         await asyncio.to_thread(frame.write.mode("error").parquet, path)
         if self.before_commit is not None:
             await asyncio.to_thread(self.before_commit, ts)
         try:
-            await catalog.commit(self.client.backend, self.info, ts, path, tag, expected_upper)
-        except BaseException:
-            # Not committed: the files are invisible (readers only follow the catalog).
-            shutil.rmtree(path, ignore_errors=True)
+            await catalog.commit(self.client.backend, self.info, ts, path, tags, expected_upper)
+        except (Conflict, catalog.TagExists):
+            # Definitely not committed (the transaction was refused): the files can go.
+            await asyncio.to_thread(_delete, self.spark, path)
             raise
+        except OracleError:
+            # Ambiguous (the COMMIT may have landed before the connection failed): ask. Files
+            # are never deleted on an ambiguous outcome; unreferenced ones are invisible.
+            try:
+                done = await catalog.committed(self.client.backend, self.name, path)
+            except OracleError:
+                done = None
+            if done is None:
+                raise
+            log.info("commit at %d of %s landed despite an error; counted as done", ts, path)
 
     def _stamp(self, df: DataFrame, diff: int, ts: int) -> DataFrame:
         return (df.select(*self.schema.fieldNames())
@@ -165,9 +262,13 @@ class TimestampedTable:
     def resolve(self, as_of: str | int) -> int:
         """The timestamp a read at `as_of` uses (and closes, for linearized reads)."""
         if as_of == "linearized":
-            ts = self.client.read_ts(self.timeline)
+            # At least the catalog's upper: a commit is visible once it is in the catalog, even
+            # while its apply_write lags (or is being retried); and never below a timestamp this
+            # client already read at.
+            ts = max(self.client.read_ts(self.timeline),
+                     self.client.run(catalog.upper(self.client.backend, self.timeline)))
             self.client.run(catalog.seal(self.client.backend, self.timeline, ts))
-            return ts
+            return self.client.saw_closed(self.timeline, ts)
         if as_of == "serializable":
             return self.client.closed_ts(self.timeline)
         if isinstance(as_of, bool) or not isinstance(as_of, int) or as_of < 0:
@@ -201,9 +302,9 @@ class TimestampedTable:
 
     def _read_at(self, ts: int) -> DataFrame:
         cols = self.schema.fieldNames()
-        summed = (self._changes(ts).groupBy(*cols).agg(F.sum(DIFF).alias("_n"))
-                  .where(F.col("_n") > 0))
-        return (summed.withColumn("_copy", F.explode(F.sequence(F.lit(1), F.col("_n"))))
+        summed = (self._changes(ts).groupBy(*cols).agg(F.sum(DIFF).alias(COUNT))
+                  .where(F.col(COUNT) > 0))
+        return (summed.withColumn(COPY, F.explode(F.sequence(F.lit(1), F.col(COUNT))))
                 .select(*cols))
 
     # --- streaming ------------------------------------------------------------------------
@@ -213,10 +314,9 @@ class TimestampedTable:
         a replayed batch id is skipped, so a restarted query does not duplicate rows."""
 
         def sink(batch: DataFrame, batch_id: int) -> None:
-            tag = f"{query_name}:{batch_id}"
-            if self.client.run(catalog.has_tag(self.client.backend, self.name, tag)):
-                return
-            self.append(batch, tag=tag)
+            # A replay after a crash between the commit and its apply_write finds the tag and
+            # applies it; a replay of a finished batch does nothing. Either way, never twice.
+            self.append(batch, tag=f"{query_name}:{batch_id}")
 
         return sink
 

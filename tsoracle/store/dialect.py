@@ -21,7 +21,8 @@ from psycopg import sql
 U64_MAX = 2**64 - 1
 _BIAS = 2**63
 ORACLE_TABLES = ("timestamps", "deployment")
-CATALOG_TABLES = ("table_catalog", "table_commits", "timeline_uppers")  # Spark tables' catalog
+# Spark tables' catalog
+CATALOG_TABLES = ("table_catalog", "table_commits", "timeline_uppers", "table_tags")
 TABLES = ORACLE_TABLES + CATALOG_TABLES
 
 

@@ -49,6 +49,20 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"{request.getfixturevalue('pg').url()}?schema={fresh_schema()}"
 
 
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark for the whole run (starting one costs seconds)."""
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("tsoracle-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
 @pytest.fixture(params=IMPLEMENTATIONS)
 def impl(request: pytest.FixtureRequest) -> str:
     return request.param

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
 
 import tsoracle
 from tsoracle.spark import OracleClient
@@ -20,17 +19,6 @@ from tsoracle.spark.table import join
 
 SCHEMA = "writer INT, seq INT"
 DRIVER = Path(__file__).parent / "support" / "spark_driver.py"
-
-
-@pytest.fixture(scope="session")
-def spark():
-    session = (SparkSession.builder.master("local[2]").appName("tsoracle-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture

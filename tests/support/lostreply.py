@@ -1,4 +1,4 @@
-"""A TCP relay to PostgreSQL that can lose the reply to a COMMIT.
+"""A TCP relay to PostgreSQL that can lose the reply to a COMMIT, or cut every connection.
 
 Armed, it forwards everything, but when the server's answer carries the CommandComplete message
 of a COMMIT it closes both sides instead of delivering it: the transaction is durable on the
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 # CommandComplete ('C'), length 11 (4 + len("COMMIT\0")), tag "COMMIT".
 COMMIT_DONE = b"C\x00\x00\x00\x0bCOMMIT\x00"
@@ -21,6 +22,8 @@ class LostCommitReply:
         self.target = (target_host, target_port)
         self.armed = 0  # how many COMMIT replies still to lose
         self.lost = 0
+        self.down_until = 0.0
+        self._open: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -30,6 +33,12 @@ class LostCommitReply:
 
     def arm(self, times: int = 1) -> None:
         self.armed = times
+
+    def cut(self, seconds: float) -> None:
+        """An outage: drop every connection now and refuse new ones for `seconds`."""
+        self.down_until = time.monotonic() + seconds
+        for w in list(self._open):
+            self._loop.call_soon_threadsafe(w.transport.abort)
 
     def url(self, database_url: str) -> str:
         host_port = f"{self.target[0]}:{self.target[1]}"
@@ -45,11 +54,15 @@ class LostCommitReply:
         self._loop.run_forever()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if time.monotonic() < self.down_until:
+            writer.transport.abort()
+            return
         try:
             up_r, up_w = await asyncio.open_connection(*self.target)
         except OSError:
             writer.close()
             return
+        self._open.update((writer, up_w))
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
                        from_server: bool) -> None:
@@ -68,7 +81,10 @@ class LostCommitReply:
             finally:
                 dst.close()
 
-        await asyncio.gather(pipe(reader, up_w, False), pipe(up_r, writer, True))
+        try:
+            await asyncio.gather(pipe(reader, up_w, False), pipe(up_r, writer, True))
+        finally:
+            self._open.difference_update((writer, up_w))
 
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -17,13 +17,14 @@ from typing import Any, TypeVar
 
 from tsoracle.errors import ConfigError, Fenced, LeadershipLost, OracleClosed
 from tsoracle.extras import needs_extra
+from tsoracle.fencing import read_deployment
 from tsoracle.oracle import TimestampOracle, open_oracle, parse_timeline
 from tsoracle.oracle.connect import open_instrumented_backend
 from tsoracle.oracle.sync import LoopThread
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
 from tsoracle.spark import catalog
 from tsoracle.spark.locations import table_location
-from tsoracle.store import Backend
+from tsoracle.store import Backend, RetryPolicy
 
 T = TypeVar("T")
 log = logging.getLogger("tsoracle.spark")
@@ -33,12 +34,13 @@ MAX_REOPENS = 10
 class OracleClient:
     def __init__(self, url: str, *, data_dir: str | os.PathLike[str],
                  timeline: str = EPOCH_MILLISECONDS, staleness_s: float = 1.0,
-                 fencing: str | None = None) -> None:
+                 fencing: str | None = None, retry: RetryPolicy | None = None) -> None:
         self.url = url
         self.default_timeline = parse_timeline(timeline).name
         self.data_dir = table_location(data_dir)
         self.staleness_s = staleness_s
         self._fencing = fencing
+        self._retry = retry  # how long each call retries a failing database
         self._runner = LoopThread()
         self._oracles: dict[str, TimestampOracle] = {}
         self._opening: dict[str, asyncio.Task[TimestampOracle]] = {}  # one open per timeline
@@ -47,10 +49,11 @@ class OracleClient:
         self._closed_cache: dict[str, tuple[float, int]] = {}
         self.reopens = 0
         self.committers: list[Any] = []  # the tables' group committers (see close)
+        self._lost: dict[str, LeadershipLost] = {}  # legacy timelines another driver took
         self.backend: Backend = self._runner.run(self._open_catalog())
 
     async def _open_catalog(self) -> Backend:
-        backend = await open_instrumented_backend(self.url, "catalog")
+        backend = await open_instrumented_backend(self.url, "catalog", retry=self._retry)
         try:
             await catalog.ensure_catalog(backend)
         except BaseException:
@@ -112,11 +115,12 @@ class OracleClient:
                 # Another driver took this legacy timeline over. Taking it back would fence
                 # that driver in turn, and every take-over jumps a reservation window ahead.
                 self._retire(name, oracle, exc)
-                raise LeadershipLost(
+                self._lost[name] = LeadershipLost(
                     f"another process leads the legacy timeline {name!r}; the legacy "
                     "implementation serves one process per timeline, so several Spark drivers "
                     "need the distributed one (spec.implementation: distributed, or "
-                    "`tsoracle flip distributed`)") from None
+                    "`tsoracle flip distributed`); a new OracleClient may take it over")
+                raise self._lost[name] from None
             except Fenced as exc:
                 self._retire(name, oracle, exc)
             except OracleClosed:
@@ -133,6 +137,11 @@ class OracleClient:
     async def _oracle(self, timeline: str) -> TimestampOracle:
         if self._shut:
             raise OracleClosed("this client is closed; create a new OracleClient")
+        lost = self._lost.get(timeline)
+        if lost is not None:
+            if (await read_deployment(self.backend)).implementation == "legacy":
+                raise lost
+            del self._lost[timeline]  # flipped to distributed since: every driver may serve
         oracle = self._oracles.get(timeline)
         if oracle is not None:
             return oracle
@@ -149,7 +158,7 @@ class OracleClient:
         for attempt in range(MAX_REOPENS):
             try:
                 oracle = await open_oracle(self.url, timeline=timeline, implementation=None,
-                                           fencing=self._fencing)
+                                           fencing=self._fencing, retry=self._retry)
                 break
             except Fenced:  # a flip landed between reading and opening: read again
                 await asyncio.sleep(0.01 * (attempt + 1))

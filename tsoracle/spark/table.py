@@ -80,7 +80,9 @@ class TimestampedTable:
     def __init__(self, client: OracleClient, spark: SparkSession, info: TableInfo) -> None:
         self.client, self.spark, self.info = client, spark, info
         self.schema = StructType([StructField.fromJson(c["json"]) for c in info.columns])
-        self.before_commit: Callable[[int], None] | None = None  # tracing / fault-injection hook
+        # Tracing / fault-injection hooks, around the catalog commit.
+        self.before_commit: Callable[[int], None] | None = None
+        self.after_commit: Callable[[int], None] | None = None
         self._committer = GroupCommitter(_Stamper(client, info.timeline),  # type: ignore[arg-type]
                                          self._append_group, durable_appends=True)
         client.committers.append(self._committer)
@@ -241,6 +243,8 @@ class TimestampedTable:
             if done is None:
                 raise
             log.info("commit at %d of %s landed despite an error; counted as done", ts, path)
+        if self.after_commit is not None:
+            await asyncio.to_thread(self.after_commit, ts)
 
     def _stamp(self, df: DataFrame, diff: int, ts: int) -> DataFrame:
         return (df.select(*self.schema.fieldNames())

@@ -94,14 +94,23 @@ def test_replayed_stream_batches_never_append_twice(spark, url, tmp_path):
         table = client.create_table(spark, "events", frame(spark, [], SCHEMA).schema)
         sinks = {q: table.streaming_sink(q) for q in ("qa", "qb")}
         batches = {"qa": frame(spark, [(1, "qa")]), "qb": frame(spark, [(2, "qb")])}
+        # Hold a commit open so that both sink calls queue behind it (one group, before).
+        release = threading.Event()
+        table.before_commit = lambda _ts: release.wait(30)
+        first = threading.Thread(target=table.append, args=(frame(spark, [(0, "first")]),))
+        first.start()
+        time.sleep(1.0)
+        table.before_commit = None
         threads = [threading.Thread(target=sinks[q], args=(batches[q], 0)) for q in sinks]
         for t in threads:
             t.start()
-        for t in threads:
+        time.sleep(1.0)
+        release.set()
+        for t in [first, *threads]:
             t.join()
         for q in ("qa", "qb", "qa"):  # restarted queries replay their batch 0
             sinks[q](batches[q], 0)
-        assert sorted_rows(table.read()) == [(1, "qa"), (2, "qb")]
+        assert sorted_rows(table.read()) == [(0, "first"), (1, "qa"), (2, "qb")]
     finally:
         client.close()
 

@@ -49,6 +49,7 @@ class LostCommitReply:
         asyncio.set_event_loop(self._loop)
         server = self._loop.run_until_complete(
             asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self._server = server
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
@@ -87,5 +88,16 @@ class LostCommitReply:
             self._open.difference_update((writer, up_w))
 
     def close(self) -> None:
+        async def shutdown() -> None:
+            self._server.close()
+            for w in list(self._open):
+                w.transport.abort()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()

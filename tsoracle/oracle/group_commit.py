@@ -43,6 +43,7 @@ class GroupCommitter(Generic[P]):
         max_conflicts: int = 50,
         on_group: Callable[[int], None] | None = None,
         durable_appends: bool = False,
+        abandon: Callable[[list[P]], Awaitable[None]] | None = None,
     ) -> None:
         self.oracle = oracle
         self._append = append
@@ -52,6 +53,7 @@ class GroupCommitter(Generic[P]):
         self._queue: list[tuple[P, asyncio.Future[int]]] = []
         self._worker: asyncio.Task[None] | None = None
         self._durable = durable_appends
+        self._abandon = abandon  # told when a group fails for good (after its retries)
         self._applying: set[asyncio.Task[None]] = set()
 
     async def commit(self, payload: P) -> int:
@@ -67,9 +69,15 @@ class GroupCommitter(Generic[P]):
             del self._queue[: self._max_group]
             if self._on_group is not None:
                 self._on_group(len(group))
+            payloads = [payload for payload, _ in group]
             try:
-                ts = await self._commit_group([payload for payload, _ in group])
+                ts = await self._commit_group(payloads)
             except Exception as exc:
+                if self._abandon is not None:
+                    try:
+                        await self._abandon(payloads)
+                    except Exception:  # noqa: BLE001 (cleanup only; the callers get `exc`)
+                        log.warning("cleanup after a failed group commit failed", exc_info=True)
                 for _, fut in group:
                     if not fut.done():
                         fut.set_exception(exc)

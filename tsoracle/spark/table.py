@@ -13,12 +13,11 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DecimalType, IntegerType, StructField, StructType
+from pyspark.sql.types import DecimalType, IntegerType, StringType, StructField, StructType
 
 from tsoracle.errors import ConfigError, OracleError
 from tsoracle.oracle import GroupCommitter, common_timeline
@@ -35,6 +34,7 @@ TS, DIFF = "_ts", "_diff"
 # Columns the reader adds for itself: a prefix of its own, reserved, so no user column collides.
 INTERNAL = "__tso_"
 COUNT, COPY = INTERNAL + "n", INTERNAL + "copy"
+COMMIT = INTERNAL + "commit"  # the directory level that keeps commits at one `_ts` apart
 
 
 def _reserved(name: str) -> bool:
@@ -48,6 +48,20 @@ def _delete(spark: SparkSession, path: str) -> None:
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     target = jvm.org.apache.hadoop.fs.Path(path)
     target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(target, True)  # type: ignore[attr-defined]
+
+
+def _move(spark: SparkSession, source: str, target: str) -> None:
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+    src, dst = jvm.org.apache.hadoop.fs.Path(source), jvm.org.apache.hadoop.fs.Path(target)
+    fs = src.getFileSystem(conf)
+    fs.mkdirs(dst.getParent())
+    if not fs.rename(src, dst):
+        raise OSError(f"could not move {source} to {target}")
+    try:
+        fs.delete(src.getParent(), False)  # the old `_ts=` directory, if nothing else is in it
+    except Exception:  # noqa: BLE001 (py4j wraps Java's "directory not empty")
+        pass
 
 
 def _null_safe(left: DataFrame, right: DataFrame, cols: list[str]) -> Any:
@@ -83,8 +97,10 @@ class TimestampedTable:
         # Tracing / fault-injection hooks, around the catalog commit.
         self.before_commit: Callable[[int], None] | None = None
         self.after_commit: Callable[[int], None] | None = None
+        self._written: dict[int, tuple[str, str, object]] = {}  # files kept for a retry
         self._committer = GroupCommitter(_Stamper(client, info.timeline),  # type: ignore[arg-type]
-                                         self._append_group, durable_appends=True)
+                                         self._append_group, durable_appends=True,
+                                         abandon=self._abandon)
         client.committers.append(self._committer)
 
     @classmethod
@@ -151,7 +167,7 @@ class TimestampedTable:
             if short.limit(1).count():
                 raise ConfigError(f"retract from {self.name!r}: some rows are not in the table "
                                   "(or fewer times than given); nothing was retracted")
-            return self._stamp(df, -1, ts)
+            return self._stamp(df, -1)
 
         return self.client.run(self._commit_on_current(frame, "retract"))
 
@@ -167,7 +183,7 @@ class TimestampedTable:
 
         def frame(current: DataFrame, ts: int) -> DataFrame:
             old = current.join(keys, _null_safe(current, keys, self.info.keys), "left_semi")
-            return self._stamp(old, -1, ts).unionByName(self._stamp(df, +1, ts))
+            return self._stamp(old, -1).unionByName(self._stamp(df, +1))
 
         return self.client.run(self._commit_on_current(frame, "upsert"))
 
@@ -204,7 +220,7 @@ class TimestampedTable:
         for _ in range(50):
             ts = (await stamper.write_ts()).timestamp
             try:
-                await self._write_and_commit(self._stamp(df, +1, ts), ts, tags=(tag,))
+                await self._write_and_commit(self._stamp(df, +1), ts, tags=(tag,), reuse=tag)
             except Conflict:
                 continue
             except catalog.TagExists as done:
@@ -214,23 +230,46 @@ class TimestampedTable:
             return ts
         raise OracleError(f"append to {self.name!r} kept conflicting with other writers")
 
+    async def _abandon(self, payloads: object) -> None:
+        """A group failed for good: files kept for its retries go (never committed)."""
+        kept = self._written.pop(id(payloads), None)
+        if kept is not None:
+            await asyncio.to_thread(_delete, self.spark, kept[0])
+
     async def _append_group(self, ts: int, payloads: list[tuple[DataFrame, int]]) -> None:
-        frames = [self._stamp(df, diff, ts) for df, diff in payloads]
+        frames = [self._stamp(df, diff) for df, diff in payloads]
         frame = frames[0]
         for other in frames[1:]:
             frame = frame.unionByName(other)
-        await self._write_and_commit(frame, ts)
+        # The committer retries a Conflict with the same list at a fresh timestamp: its files
+        # are written once and moved.
+        await self._write_and_commit(frame, ts, reuse=payloads)
 
     async def _write_and_commit(self, frame: DataFrame, ts: int, *, tags: tuple[str, ...] = (),
-                                expected_upper: int | None = None) -> None:
-        path = f"{self.info.location}/data/{ts}-{uuid.uuid4().hex[:8]}"
-        await asyncio.to_thread(frame.write.mode("error").parquet, path)
+                                expected_upper: int | None = None, reuse: object = None) -> None:
+        """Write (or move, when `reuse` names files an earlier attempt wrote) the frame's files
+        under `ts`, then commit them. After a `Conflict` with `reuse`, the files are kept for
+        the next attempt; otherwise a refused commit deletes them."""
+        # Keyed by identity, holding the key: an id() is never reused while its entry lives.
+        earlier = self._written.pop(id(reuse), None) if reuse is not None else None
+        uid = earlier[1] if earlier else uuid.uuid4().hex[:12]
+        assert earlier is None or earlier[2] is reuse
+        path = f"{self.info.location}/data/{TS}={ts}/{COMMIT}={uid}"
+        if earlier:
+            await asyncio.to_thread(_move, self.spark, earlier[0], path)
+        else:
+            await asyncio.to_thread(frame.write.mode("error").parquet, path)
         if self.before_commit is not None:
             await asyncio.to_thread(self.before_commit, ts)
         try:
             await catalog.commit(self.client.backend, self.info, ts, path, tags, expected_upper)
-        except (Conflict, catalog.TagExists):
-            # Definitely not committed (the transaction was refused): the files can go.
+        except Conflict:
+            if reuse is not None:
+                self._written[id(reuse)] = (path, uid, reuse)
+            else:  # definitely not committed (the transaction was refused)
+                await asyncio.to_thread(_delete, self.spark, path)
+            raise
+        except catalog.TagExists:
             await asyncio.to_thread(_delete, self.spark, path)
             raise
         except OracleError:
@@ -246,10 +285,12 @@ class TimestampedTable:
         if self.after_commit is not None:
             await asyncio.to_thread(self.after_commit, ts)
 
-    def _stamp(self, df: DataFrame, diff: int, ts: int) -> DataFrame:
+    def _stamp(self, df: DataFrame, diff: int) -> DataFrame:
+        # No `_ts` in the files: it is the name of their directory (`_ts=<ts>`), so a commit
+        # that lost its compare-and-set moves its files to a fresh timestamp instead of
+        # writing them again.
         return (df.select(*self.schema.fieldNames())
-                .withColumn(DIFF, F.lit(diff).cast(IntegerType()))
-                .withColumn(TS, F.lit(Decimal(ts)).cast(DecimalType(20, 0))))
+                .withColumn(DIFF, F.lit(diff).cast(IntegerType())))
 
     def _check_schema(self, df: DataFrame) -> None:
         got = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
@@ -300,9 +341,19 @@ class TimestampedTable:
                                                                       self.name, ts))]
         full = StructType(self.schema.fields + [StructField(DIFF, IntegerType()),
                                                 StructField(TS, DecimalType(20, 0))])
-        if not paths:
+        placed = [p for p in paths if f"/{TS}=" in p]
+        stamped = [p for p in paths if f"/{TS}=" not in p]  # files of earlier releases
+        parts = []
+        if placed:
+            parted = StructType(full.fields + [StructField(COMMIT, StringType())])
+            parts.append(self.spark.read.schema(parted)
+                         .option("basePath", f"{self.info.location}/data")
+                         .parquet(*placed).drop(COMMIT))
+        if stamped:
+            parts.append(self.spark.read.schema(full).parquet(*stamped))
+        if not parts:
             return self.spark.createDataFrame([], full)
-        return self.spark.read.schema(full).parquet(*paths)
+        return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
     def _read_at(self, ts: int) -> DataFrame:
         cols = self.schema.fieldNames()

@@ -254,3 +254,33 @@ def test_table_names_and_data_dir_uris(spark, sqlite_url, tmp_path):
         assert not Path("file:").exists()
     finally:
         client.close()
+
+
+def test_compaction_keeps_reads_and_collects_garbage(spark, url, tmp_path):
+    # Before: nothing compacted, read planning grew with every commit, and the files of
+    # refused or abandoned commits stayed forever.
+    asyncio.run(tsoracle.init(url, timelines=["EpochMilliseconds"]))
+    client = OracleClient(url, data_dir=tmp_path / "tables")
+    try:
+        table = client.create_table(spark, "t", frame(spark, [], SCHEMA).schema, keys=("k",))
+        stamps = [table.append(frame(spark, [(i, "v")])) for i in range(5)]
+        table.upsert(frame(spark, [(1, "w")]))
+        table.retract(frame(spark, [(2, "v")]))
+        at, expected = table.read_with_ts("linearized")
+        expected = sorted_rows(expected)
+        orphan = tmp_path / "tables" / "t" / "data" / "_ts=1" / "__tso_commit=orphan"
+        orphan.mkdir(parents=True)
+        (orphan / "part-0.parquet").write_bytes(b"not committed")
+        assert table.compact() == 7
+        assert len(commits(client, "t")) == 1
+        assert sorted_rows(table.read(at)) == expected == sorted_rows(table.read())
+        with pytest.raises(ConfigError, match="compacted"):
+            table.read(stamps[2])
+        assert table.collect_garbage(older_than_s=0) == 8  # 7 folded commits and the orphan
+        assert not orphan.exists()
+        assert sorted_rows(table.read()) == expected  # nothing referenced was touched
+        table.append(frame(spark, [(9, "z")]))
+        assert sorted_rows(table.read()) == sorted(expected + [(9, "z")])
+        assert table.compact() == 2
+    finally:
+        client.close()

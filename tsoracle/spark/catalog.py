@@ -34,6 +34,8 @@ _DDL = (
     """CREATE TABLE IF NOT EXISTS {table_tags} (
         table_name TEXT NOT NULL, tag TEXT NOT NULL, ts TSTYPE NOT NULL,
         PRIMARY KEY (table_name, tag))""",
+    """CREATE TABLE IF NOT EXISTS {table_since} (
+        table_name TEXT PRIMARY KEY, since TSTYPE NOT NULL)""",
 )
 
 
@@ -152,11 +154,63 @@ async def committed(backend: Backend, name: str, path: str) -> int | None:
     return backend.dec(rows[0][0]) if rows else None
 
 
+async def since(backend: Backend, name: str) -> int:
+    """Reads below this timestamp were compacted away (0: the whole history is there)."""
+    rows = await backend.fetch("SELECT since FROM {table_since} WHERE table_name = %(n)s",
+                               {"n": name})
+    return backend.dec(rows[0][0]) if rows else 0
+
+
+async def compact(backend: Backend, info: TableInfo, below: int, path: str,
+                  folded: list[str], expected_since: int) -> None:
+    """Replace the commits at or below `below` (exactly `folded`, the paths the caller
+    consolidated into `path`) by one commit at `below`, and move `since` up to it, atomically.
+    Raises `Conflict` if anything changed meanwhile (another compaction)."""
+
+    async def body(tx: Tx) -> None:
+        upper_rows = await tx.fetch("SELECT upper FROM {timeline_uppers} WHERE timeline = %(t)s"
+                                    " FOR UPDATE", {"t": info.timeline})
+        if not upper_rows or backend.dec(upper_rows[0][0]) < below:
+            raise Conflict(f"{below} is not closed on {info.timeline!r}")
+        rows = await tx.fetch("SELECT since FROM {table_since} WHERE table_name = %(n)s"
+                              " FOR UPDATE", {"n": info.name})
+        current = backend.dec(rows[0][0]) if rows else 0
+        if current != expected_since:
+            raise Conflict(f"table {info.name!r} was compacted meanwhile")
+        listed = await tx.fetch("SELECT path FROM {table_commits} WHERE table_name = %(n)s"
+                                " AND ts <= %(b)s::numeric", {"n": info.name,
+                                                              "b": backend.enc(below)})
+        if sorted(str(r[0]) for r in listed) != sorted(folded):
+            raise Conflict(f"the commits of {info.name!r} at or below {below} changed")
+        await tx.fetch("DELETE FROM {table_commits} WHERE table_name = %(n)s"
+                       " AND ts <= %(b)s::numeric", {"n": info.name, "b": backend.enc(below)})
+        await tx.fetch("INSERT INTO {table_commits} (table_name, ts, timeline, path, tag)"
+                       " VALUES (%(n)s, %(b)s::numeric, %(t)s, %(p)s, NULL)",
+                       {"n": info.name, "b": backend.enc(below), "t": info.timeline,
+                        "p": path})
+        if rows:
+            await tx.fetch("UPDATE {table_since} SET since = %(b)s::numeric"
+                           " WHERE table_name = %(n)s", {"n": info.name,
+                                                          "b": backend.enc(below)})
+        else:
+            await tx.fetch("INSERT INTO {table_since} (table_name, since)"
+                           " VALUES (%(n)s, %(b)s::numeric)", {"n": info.name,
+                                                               "b": backend.enc(below)})
+
+    await backend.transaction(body)
+
+
+async def all_paths(backend: Backend, name: str) -> set[str]:
+    rows = await backend.fetch("SELECT path FROM {table_commits} WHERE table_name = %(n)s",
+                               {"n": name})
+    return {str(r[0]) for r in rows}
+
+
 async def drop(backend: Backend, name: str) -> None:
     """Forget a table: its commits, tags and catalog entry, in one transaction."""
 
     async def body(tx: Tx) -> None:
-        for table in ("table_tags", "table_commits"):
+        for table in ("table_tags", "table_commits", "table_since"):
             await tx.fetch("DELETE FROM {" + table + "} WHERE table_name = %(n)s", {"n": name})
         await tx.fetch("DELETE FROM {table_catalog} WHERE name = %(n)s", {"n": name})
 

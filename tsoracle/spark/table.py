@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -322,6 +323,10 @@ class TimestampedTable:
         if as_of > closed:
             raise ConfigError(f"timestamp {as_of} is not closed yet on {self.timeline!r} "
                               f"(closed up to {closed}); read at or below it, or linearized")
+        since = self.client.run(catalog.since(self.client.backend, self.name))
+        if as_of < since:
+            raise ConfigError(f"table {self.name!r} was compacted up to {since}: its history "
+                              f"before that is gone; read at or after {since}")
         return as_of
 
     def read(self, as_of: str | int = "linearized") -> DataFrame:
@@ -337,8 +342,10 @@ class TimestampedTable:
         return self._changes(self.resolve(as_of))
 
     def _changes(self, ts: int) -> DataFrame:
-        paths = [p for _, p in self.client.run(catalog.commits_as_of(self.client.backend,
-                                                                      self.name, ts))]
+        return self._changes_of([p for _, p in self.client.run(
+            catalog.commits_as_of(self.client.backend, self.name, ts))])
+
+    def _changes_of(self, paths: list[str]) -> DataFrame:
         full = StructType(self.schema.fields + [StructField(DIFF, IntegerType()),
                                                 StructField(TS, DecimalType(20, 0))])
         placed = [p for p in paths if f"/{TS}=" in p]
@@ -361,6 +368,79 @@ class TimestampedTable:
                   .where(F.col(COUNT) > 0))
         return (summed.withColumn(COPY, F.explode(F.sequence(F.lit(1), F.col(COUNT))))
                 .select(*cols))
+
+    # --- maintenance ----------------------------------------------------------------------
+
+    def compact(self, below: int | None = None) -> int:
+        """Fold every commit at or below `below` (default: the closed timestamp) into one, so
+        that reads plan over few commits. Reads at or after `below` return the same rows as
+        before; explicit reads before it are refused from then on. Returns the commits folded.
+        """
+        return self.client.run(self._compact(below))
+
+    async def _compact(self, below: int | None) -> int:
+        backend = self.client.backend
+        for _ in range(10):
+            top = await catalog.upper(backend, self.timeline)
+            target = top if below is None else below
+            if target > top:
+                raise ConfigError(f"cannot compact {self.name!r} up to {target}: it is not "
+                                  f"closed yet (closed up to {top})")
+            since = await catalog.since(backend, self.name)
+            if target <= since:
+                return 0
+            folded = await catalog.commits_as_of(backend, self.name, target)
+            if len(folded) <= 1:
+                return 0
+            cols = self.schema.fieldNames()
+            state = (self._changes_of([p for _, p in folded]).groupBy(*cols)
+                     .agg(F.sum(DIFF).alias(DIFF))
+                     .where(F.col(DIFF) != 0)
+                     .withColumn(DIFF, F.col(DIFF).cast(IntegerType())))
+            uid = "c" + uuid.uuid4().hex[:11]
+            path = f"{self.info.location}/data/{TS}={target}/{COMMIT}={uid}"
+            await asyncio.to_thread(state.write.mode("error").parquet, path)
+            try:
+                await catalog.compact(backend, self.info, target, path,
+                                      [p for _, p in folded], since)
+            except Conflict:
+                await asyncio.to_thread(_delete, self.spark, path)
+                continue
+            return len(folded)
+        raise OracleError(f"compaction of {self.name!r} kept conflicting with another one")
+
+    def collect_garbage(self, older_than_s: float = 3600.0) -> int:
+        """Delete data directories no commit refers to (folded by `compact`, or left by writers
+        that failed before committing), once they are older than `older_than_s`: a writer's
+        files are unreferenced until its commit lands, and a reader may still be reading files
+        it listed before a compaction. Returns how many directories went."""
+        jvm = self.spark.sparkContext._jvm  # type: ignore[attr-defined]
+        conf = self.spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+        root = jvm.org.apache.hadoop.fs.Path(f"{self.info.location}/data")
+        fs = root.getFileSystem(conf)
+        if not fs.exists(root):
+            return 0
+        # As the file system names them (`file:/x` for a local `/x`), to compare with listings.
+        referenced = {fs.makeQualified(jvm.org.apache.hadoop.fs.Path(p)).toString()
+                      for p in self.client.run(catalog.all_paths(self.client.backend,
+                                                                 self.name))}
+        cutoff = (time.time() - older_than_s) * 1000
+        removed = 0
+        for level1 in fs.listStatus(root):
+            candidates = ([s for s in fs.listStatus(level1.getPath()) if s.isDirectory()]
+                          if level1.getPath().getName().startswith(f"{TS}=") else [level1])
+            for status in candidates:
+                path = status.getPath()
+                if path.toString() in referenced or status.getModificationTime() > cutoff:
+                    continue
+                fs.delete(path, True)
+                removed += 1
+            if level1.getPath().getName().startswith(f"{TS}="):
+                try:
+                    fs.delete(level1.getPath(), False)  # only if now empty
+                except Exception:  # noqa: BLE001 (py4j: "directory not empty")
+                    pass
+        return removed
 
     # --- streaming ------------------------------------------------------------------------
 

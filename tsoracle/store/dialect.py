@@ -22,7 +22,8 @@ U64_MAX = 2**64 - 1
 _BIAS = 2**63
 ORACLE_TABLES = ("timestamps", "deployment")
 # Spark tables' catalog
-CATALOG_TABLES = ("table_catalog", "table_commits", "timeline_uppers", "table_tags")
+CATALOG_TABLES = ("table_catalog", "table_commits", "timeline_uppers", "table_tags",
+                  "table_since")
 TABLES = ORACLE_TABLES + CATALOG_TABLES
 
 

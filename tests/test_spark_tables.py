@@ -37,6 +37,15 @@ def pg_oracle(pg, relay):
     return url
 
 
+@pytest.fixture
+def local_client(sqlite_url, tmp_path):
+    """A driver client on a fresh embedded (SQLite) oracle."""
+    asyncio.run(tsoracle.init(sqlite_url))
+    client = OracleClient(sqlite_url, data_dir=tmp_path / "tables")
+    yield client
+    client.close()
+
+
 def frame(spark, rows, schema: str = SCHEMA):
     return spark.createDataFrame(rows, schema)
 
@@ -122,67 +131,55 @@ def test_replayed_stream_batches_never_append_twice(spark, url, tmp_path):
         client.close()
 
 
-def test_columns_that_look_internal(spark, sqlite_url, tmp_path):
+def test_columns_that_look_internal(spark, local_client, tmp_path):
     # Before: a user column `_copy` was overwritten on every read, `_n` made reads fail with
     # AMBIGUOUS_REFERENCE, and `_TS` was accepted, after which every append failed.
-    asyncio.run(tsoracle.init(sqlite_url))
-    client = OracleClient(sqlite_url, data_dir=tmp_path / "tables")
-    try:
-        schema = "k INT, _copy STRING, _N INT"
-        table = client.create_table(spark, "odd", frame(spark, [], schema).schema)
-        table.append(frame(spark, [(1, "mine", 7), (1, "mine", 7)], schema))
-        assert sorted_rows(table.read()) == [(1, "mine", 7), (1, "mine", 7)]
-        for bad in ("k INT, _TS INT", "k INT, _Diff INT", "k INT, __TSO_n INT", "k INT, K INT"):
-            with pytest.raises(ConfigError):
-                client.create_table(spark, "bad", frame(spark, [], bad).schema)
-        client.drop_table(spark, "odd")  # there was no way to drop a table
-        with pytest.raises(tsoracle.NotInitialized):
-            client.table(spark, "odd")
-        assert not (tmp_path / "tables" / "odd").exists()
-    finally:
-        client.close()
+    client = local_client
+    schema = "k INT, _copy STRING, _N INT"
+    table = client.create_table(spark, "odd", frame(spark, [], schema).schema)
+    table.append(frame(spark, [(1, "mine", 7), (1, "mine", 7)], schema))
+    assert sorted_rows(table.read()) == [(1, "mine", 7), (1, "mine", 7)]
+    for bad in ("k INT, _TS INT", "k INT, _Diff INT", "k INT, __TSO_n INT", "k INT, K INT"):
+        with pytest.raises(ConfigError):
+            client.create_table(spark, "bad", frame(spark, [], bad).schema)
+    client.drop_table(spark, "odd")  # there was no way to drop a table
+    with pytest.raises(tsoracle.NotInitialized):
+        client.table(spark, "odd")
+    assert not (tmp_path / "tables" / "odd").exists()
 
 
-def test_retractions_act_on_the_current_rows(spark, sqlite_url, tmp_path):
+def test_retractions_act_on_the_current_rows(spark, local_client, tmp_path):
     # Before: retracting a row that was not there left a count of -1, and appending the row
     # afterwards left nothing: the row was lost.
-    asyncio.run(tsoracle.init(sqlite_url))
-    client = OracleClient(sqlite_url, data_dir=tmp_path / "tables")
-    try:
-        table = client.create_table(spark, "t", frame(spark, [], SCHEMA).schema)
-        with pytest.raises(ConfigError, match="not in the table"):
-            table.retract(frame(spark, [(1, "x")]))
-        table.append(frame(spark, [(1, "x"), (2, "y")]))
-        assert sorted_rows(table.read()) == [(1, "x"), (2, "y")]
-        with pytest.raises(ConfigError):  # twice, but it is there once
-            table.retract(frame(spark, [(1, "x"), (1, "x")]))
+    client = local_client
+    table = client.create_table(spark, "t", frame(spark, [], SCHEMA).schema)
+    with pytest.raises(ConfigError, match="not in the table"):
         table.retract(frame(spark, [(1, "x")]))
-        assert sorted_rows(table.read()) == [(2, "y")]
-        nulls = "k INT, v STRING"
-        table.append(frame(spark, [(3, None)], nulls))
-        table.retract(frame(spark, [(3, None)], nulls))  # NULLs match NULLs
-        assert sorted_rows(table.read()) == [(2, "y")]
-    finally:
-        client.close()
+    table.append(frame(spark, [(1, "x"), (2, "y")]))
+    assert sorted_rows(table.read()) == [(1, "x"), (2, "y")]
+    with pytest.raises(ConfigError):  # twice, but it is there once
+        table.retract(frame(spark, [(1, "x"), (1, "x")]))
+    table.retract(frame(spark, [(1, "x")]))
+    assert sorted_rows(table.read()) == [(2, "y")]
+    nulls = "k INT, v STRING"
+    table.append(frame(spark, [(3, None)], nulls))
+    table.retract(frame(spark, [(3, None)], nulls))  # NULLs match NULLs
+    assert sorted_rows(table.read()) == [(2, "y")]
 
 
-def test_null_keys_are_refused(spark, sqlite_url, tmp_path):
+def test_null_keys_are_refused(spark, local_client, tmp_path):
     # Before: an upsert with a NULL key part added a row each time (the semi-join was not
     # NULL-safe), and NULL was accepted into the key of an append.
-    asyncio.run(tsoracle.init(sqlite_url))
-    client = OracleClient(sqlite_url, data_dir=tmp_path / "tables")
-    try:
-        schema = "a INT, b INT, v STRING"
-        table = client.create_table(spark, "kv", frame(spark, [], schema).schema, keys=("a", "b"))
-        table.upsert(frame(spark, [(1, 1, "one")], schema))
-        table.upsert(frame(spark, [(1, 1, "uno")], schema))
-        assert sorted_rows(table.read()) == [(1, 1, "uno")]
-        for write in (table.upsert, table.append):
-            with pytest.raises(ConfigError, match="NULL in a key"):
-                write(frame(spark, [(1, None, "x")], schema))
-        assert sorted_rows(table.read()) == [(1, 1, "uno")]
-    finally:
-        client.close()
+    client = local_client
+    schema = "a INT, b INT, v STRING"
+    table = client.create_table(spark, "kv", frame(spark, [], schema).schema, keys=("a", "b"))
+    table.upsert(frame(spark, [(1, 1, "one")], schema))
+    table.upsert(frame(spark, [(1, 1, "uno")], schema))
+    assert sorted_rows(table.read()) == [(1, 1, "uno")]
+    for write in (table.upsert, table.append):
+        with pytest.raises(ConfigError, match="NULL in a key"):
+            write(frame(spark, [(1, None, "x")], schema))
+    assert sorted_rows(table.read()) == [(1, 1, "uno")]
 
 
 def test_a_linearized_read_is_never_older_than_a_serializable_one(spark, url, tmp_path):

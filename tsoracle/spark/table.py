@@ -44,18 +44,22 @@ def _reserved(name: str) -> bool:
     return low in (TS, DIFF) or low.startswith(INTERNAL)
 
 
-def _delete(spark: SparkSession, path: str) -> None:
-    """Remove a directory through Hadoop's file system API, for local paths and URIs alike."""
+def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """Hadoop's file system for `path` and the path itself: one way to reach files, for local
+    paths and URIs (file:, hdfs:, s3a:, ...) alike."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     target = jvm.org.apache.hadoop.fs.Path(path)
-    target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(target, True)  # type: ignore[attr-defined]
+    return target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), target  # type: ignore[attr-defined]
+
+
+def _delete(spark: SparkSession, path: str) -> None:
+    fs, target = _fs(spark, path)
+    fs.delete(target, True)
 
 
 def _move(spark: SparkSession, source: str, target: str) -> None:
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-    src, dst = jvm.org.apache.hadoop.fs.Path(source), jvm.org.apache.hadoop.fs.Path(target)
-    fs = src.getFileSystem(conf)
+    fs, src = _fs(spark, source)
+    dst = _fs(spark, target)[1]
     fs.mkdirs(dst.getParent())
     if not fs.rename(src, dst):
         raise OSError(f"could not move {source} to {target}")
@@ -414,14 +418,11 @@ class TimestampedTable:
         that failed before committing), once they are older than `older_than_s`: a writer's
         files are unreferenced until its commit lands, and a reader may still be reading files
         it listed before a compaction. Returns how many directories went."""
-        jvm = self.spark.sparkContext._jvm  # type: ignore[attr-defined]
-        conf = self.spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-        root = jvm.org.apache.hadoop.fs.Path(f"{self.info.location}/data")
-        fs = root.getFileSystem(conf)
+        fs, root = _fs(self.spark, f"{self.info.location}/data")
         if not fs.exists(root):
             return 0
         # As the file system names them (`file:/x` for a local `/x`), to compare with listings.
-        referenced = {fs.makeQualified(jvm.org.apache.hadoop.fs.Path(p)).toString()
+        referenced = {fs.makeQualified(_fs(self.spark, p)[1]).toString()
                       for p in self.client.run(catalog.all_paths(self.client.backend,
                                                                  self.name))}
         cutoff = (time.time() - older_than_s) * 1000

@@ -281,3 +281,20 @@ def test_compaction_keeps_reads_and_collects_garbage(spark, url, tmp_path):
         assert table.compact() == 2
     finally:
         client.close()
+
+
+def test_a_cached_serializable_timestamp_never_reads_below_a_compaction(spark, local_client,
+                                                                        sqlite_url, tmp_path):
+    # Review finding: a driver's cached closed timestamp from before a compaction read at a
+    # timestamp whose commits had been folded away, and returned no rows at all.
+    table = local_client.create_table(spark, "t", frame(spark, [], SCHEMA).schema)
+    table.append(frame(spark, [(1, "a")]))
+    stale = OracleClient(sqlite_url, data_dir=tmp_path / "tables", staleness_s=3600)
+    try:
+        stale_table = stale.table(spark, "t")
+        assert sorted_rows(stale_table.read("serializable")) == [(1, "a")]  # cached now
+        table.append(frame(spark, [(2, "b")]))
+        assert table.compact() == 2
+        assert sorted_rows(stale_table.read("serializable")) == [(1, "a"), (2, "b")]
+    finally:
+        stale.close()

@@ -320,7 +320,10 @@ class TimestampedTable:
             self.client.run(catalog.seal(self.client.backend, self.timeline, ts))
             return self.client.saw_closed(self.timeline, ts)
         if as_of == "serializable":
-            return self.client.closed_ts(self.timeline)
+            # The cached closed timestamp may predate a compaction: any closed timestamp at or
+            # after `since` is as serializable, and only those can still be read.
+            since = self.client.run(catalog.since(self.client.backend, self.name))
+            return max(self.client.closed_ts(self.timeline), since)
         if isinstance(as_of, bool) or not isinstance(as_of, int) or as_of < 0:
             raise ConfigError("as_of must be 'linearized', 'serializable' or a timestamp")
         closed = self.client.run(catalog.upper(self.client.backend, self.timeline))
@@ -346,8 +349,15 @@ class TimestampedTable:
         return self._changes(self.resolve(as_of))
 
     def _changes(self, ts: int) -> DataFrame:
-        return self._changes_of([p for _, p in self.client.run(
-            catalog.commits_as_of(self.client.backend, self.name, ts))])
+        paths = [p for _, p in self.client.run(
+            catalog.commits_as_of(self.client.backend, self.name, ts))]
+        # Checked after listing: a compaction that landed before the listing folded commits at
+        # or below `ts` away, and the listing would silently miss them.
+        since = self.client.run(catalog.since(self.client.backend, self.name))
+        if ts < since:
+            raise ConfigError(f"table {self.name!r} was compacted up to {since}: its history "
+                              f"before that is gone; read at or after {since}")
+        return self._changes_of(paths)
 
     def _changes_of(self, paths: list[str]) -> DataFrame:
         full = StructType(self.schema.fields + [StructField(DIFF, IntegerType()),

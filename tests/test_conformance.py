@@ -10,6 +10,8 @@ from support.clock import FakeClock
 import tsoracle
 from tsoracle.store import U64_MAX
 
+pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
+
 COUNTER = "counter:orders"
 
 

@@ -11,6 +11,8 @@ from support.workload import Workload
 
 import tsoracle
 
+pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
+
 COUNTER = "counter:fence"
 
 

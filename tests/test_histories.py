@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from history import Op, check, load
 from support.workload import Recorder, Workload
 
 import tsoracle
+
+pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
 
 TIMELINE = "counter:history"
 

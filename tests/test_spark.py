@@ -17,6 +17,8 @@ import tsoracle
 from tsoracle.spark import OracleClient
 from tsoracle.spark.table import join
 
+pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
+
 SCHEMA = "writer INT, seq INT"
 DRIVER = Path(__file__).parent / "support" / "spark_driver.py"
 

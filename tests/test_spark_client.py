@@ -16,6 +16,8 @@ import pytest
 import tsoracle
 from tsoracle.spark import OracleClient
 
+pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
+
 TIMELINE = "counter:driver"
 
 
@@ -31,12 +33,17 @@ def _connections(pg, database_url: str) -> int:
         time.sleep(0.1)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "postgresql-serializable"])
 def target(request, tmp_path):
     if request.param == "sqlite":
         return None, f"sqlite:///{tmp_path / 'client.db'}"
     pg = request.getfixturevalue("pg")
-    return pg, request.getfixturevalue("database") + "?schema=driver"
+    database = request.getfixturevalue("database")
+    if request.param == "postgresql-serializable":
+        name = database.rsplit("/", 1)[1]
+        pg.sql(f"ALTER DATABASE {name} SET default_transaction_isolation = 'serializable'",
+               "postgres")
+    return pg, database + "?schema=driver"
 
 
 def test_eight_threads_across_six_flips(target, tmp_path):

@@ -20,6 +20,8 @@ from tsoracle.errors import ConfigError, LeadershipLost
 from tsoracle.spark import OracleClient
 from tsoracle.store import RetryPolicy
 
+pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
+
 SCHEMA = "k INT, v STRING"
 
 

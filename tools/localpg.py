@@ -24,6 +24,8 @@ from pathlib import Path
 ROLE = "tsoracle"
 PASSWORD = "tsoracle-test-pw"
 DATABASE = "tsoracle"
+# Every transaction in it is SERIALIZABLE by default, as on CockroachDB.
+SERIALIZABLE_DATABASE = "tsoracle_serializable"
 
 
 def bindir() -> Path:
@@ -170,6 +172,10 @@ class LocalPostgres:
     def url(self, password: str = PASSWORD, database: str = DATABASE) -> str:
         return f"postgresql://{ROLE}:{password}@127.0.0.1:{self.port}/{database}"
 
+    def serializable_url(self, password: str = PASSWORD) -> str:
+        """The URL of a database whose transactions default to SERIALIZABLE."""
+        return self.url(password, SERIALIZABLE_DATABASE)
+
     def admin_dsn(self, database: str = DATABASE) -> str:
         return f"host={self.base} port={self.port} user=postgres dbname={database}"
 
@@ -194,6 +200,11 @@ class LocalPostgres:
             self.sql(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PASSWORD}'", "postgres")
             self.sql(f"CREATE DATABASE {DATABASE} OWNER {ROLE}", "postgres")
             self.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        if not self.sql("SELECT 1 FROM pg_database WHERE datname = "
+                        f"'{SERIALIZABLE_DATABASE}'", "postgres"):
+            self.sql(f"CREATE DATABASE {SERIALIZABLE_DATABASE} OWNER {ROLE}", "postgres")
+            self.sql(f"ALTER DATABASE {SERIALIZABLE_DATABASE}"
+                     " SET default_transaction_isolation = 'serializable'", "postgres")
 
 
 def main(argv: list[str]) -> int:

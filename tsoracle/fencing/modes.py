@@ -51,6 +51,30 @@ _READ = ("SELECT epoch, implementation, fence, rollout, incarnation, owner, gene
          " FROM {deployment} WHERE id = 1")
 
 
+# Every timestamp row in key order: the second half of `lock_deployment`'s fixed order.
+_LOCK_ROWS = ("SELECT timeline, implementation, read_ts, write_ts FROM {timestamps}"
+              " ORDER BY timeline, implementation FOR UPDATE")
+
+
+async def lock_deployment(tx: Tx) -> tuple[Deployment, list[tuple[object, ...]]]:
+    """Lock the timestamp rows, then the deployment row; return the deployment and the rows
+    (timeline, implementation, read_ts, write_ts), read under those locks.
+
+    Every transaction that changes the deployment takes its locks in this order. The rows come
+    first because writers keep changing them: under SERIALIZABLE (always on CockroachDB) a
+    transaction whose snapshot predates a writer's commit cannot lock that row any more, so a
+    flip that read the deployment row first failed with 40001 on every attempt while writers
+    ran. Where the dialect has one, a table lock taken before any read (which takes no snapshot
+    in PostgreSQL) makes writers wait for us instead; CockroachDB retries a first statement that
+    locks rows on its own.
+    """
+    lock = tx.dialect.lock_rows("timestamps")
+    if lock is not None:
+        await tx.fetch(lock)
+    rows = await tx.fetch(_LOCK_ROWS)
+    return await read_deployment(tx, for_update=True), rows
+
+
 async def read_deployment(db: Backend | Tx, *, for_update: bool = False) -> Deployment:
     rows = await db.fetch(_READ + (" FOR UPDATE" if for_update else ""))
     if not rows:
@@ -105,7 +129,7 @@ async def set_fencing(backend: Backend, mode: str, *, generation: int | None = N
     check_mode(mode)
 
     async def body(tx: Tx) -> Deployment:
-        dep = await read_deployment(tx, for_update=True)
+        dep, _ = await lock_deployment(tx)
         if generation is not None:
             if generation < dep.generation:
                 return dep
@@ -131,7 +155,7 @@ async def finish_rollout(backend: Backend) -> Deployment:
     """Mark the rollout done: in Rollout mode, processes on the active side stop re-checking."""
 
     async def body(tx: Tx) -> Deployment:
-        await read_deployment(tx, for_update=True)
+        await lock_deployment(tx)
         await tx.fetch("UPDATE {deployment} SET rollout = FALSE WHERE id = 1")
         await tx.fetch("UPDATE {timestamps} SET rollout = FALSE")
         return await read_deployment(tx)

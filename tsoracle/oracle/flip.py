@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tsoracle.fencing import check_implementation, read_deployment
+from tsoracle.fencing import check_implementation, lock_deployment
 from tsoracle.store import Backend, Tx
 
 
@@ -26,7 +26,7 @@ class FlipResult:
 async def flip_backend(backend: Backend, to: str, *, generation: int | None = None) -> FlipResult:
     """One transaction: bump the epoch, bootstrap `to` above everything, fence the rest.
 
-    Every per-timeline row is locked first (SELECT ... FOR UPDATE) so no allocation can slip in
+    Every per-timeline row is locked first (`lock_deployment`) so no allocation can slip in
     between reading the maximum and raising the target to it. `generation` (the operator's
     resource generation) is recorded with the flip; a flip asked for by an older generation than
     the one recorded changes nothing (`stale`), so a paused or second operator cannot undo it.
@@ -34,14 +34,10 @@ async def flip_backend(backend: Backend, to: str, *, generation: int | None = No
     check_implementation(to)
 
     async def body(tx: Tx) -> FlipResult:
-        dep = await read_deployment(tx, for_update=True)
+        dep, rows = await lock_deployment(tx)
         if generation is not None and generation < dep.generation:
             return FlipResult(dep.epoch, dep.implementation, dep.implementation, False,
                               stale=True)
-        rows = await tx.fetch(
-            "SELECT timeline, implementation, read_ts, write_ts FROM {timestamps}"
-            " ORDER BY timeline, implementation FOR UPDATE"
-        )
         top: dict[str, int] = {}
         read_top: dict[str, int] = {}
         for timeline, impl, read_ts, write_ts in rows:

@@ -11,6 +11,7 @@ from tsoracle.fencing import (
     Deployment,
     check_implementation,
     check_mode,
+    lock_deployment,
     read_deployment,
     set_fencing,
 )
@@ -63,8 +64,8 @@ async def provision(
         await set_fencing(backend, fencing)
 
     async def body(tx: Tx) -> Provisioned:
-        # Locking the deployment row orders us with flips: new rows carry the current epoch.
-        dep = await read_deployment(tx, for_update=True)
+        # Locked like a flip (same order): new rows carry the current epoch.
+        dep, _ = await lock_deployment(tx)
         created = []
         for name in names:
             existing = await tx.fetch(

@@ -19,6 +19,8 @@ Rows = list[tuple[Any, ...]]
 class Tx(ABC):
     """A transaction in progress; statements run in order on one connection."""
 
+    dialect: Dialect
+
     @abstractmethod
     async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows: ...
 

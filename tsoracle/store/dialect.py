@@ -54,6 +54,12 @@ class Dialect:
         """A statement that drops the schema if it is empty, or None (no schemas here)."""
         return None
 
+    def lock_rows(self, table: str) -> str | None:
+        """A statement that makes writers of `table` wait until this transaction ends, taken
+        before the transaction reads anything; None where row locks do it (see
+        fencing.lock_deployment). SQLite's write transactions already exclude each other."""
+        return None
+
     def optional_ddl(self) -> list[Any]:
         """Statements worth trying that some servers reject (CockroachDB-only options)."""
         return []
@@ -146,6 +152,13 @@ class PostgresDialect(Dialect):
             return None  # a database's default schema is never ours to drop
         return sql.SQL("DROP SCHEMA IF EXISTS {}").format(
             sql.Identifier(self.schema)).as_string(None)
+
+    def lock_rows(self, table: str) -> str | None:
+        # SHARE ROW EXCLUSIVE waits for and blocks writers (and other lockers like us), not
+        # plain readers. CockroachDB has no LOCK TABLE: its first-statement retry covers it.
+        if self.cockroach:
+            return None
+        return "LOCK TABLE {" + table + "} IN SHARE ROW EXCLUSIVE MODE"
 
     def migrations(self) -> list[Any]:
         return [self.render(f"ALTER TABLE {{{t}}} ADD COLUMN IF NOT EXISTS {c} {ty}")

@@ -26,6 +26,7 @@ _BUSY_MS = 5000
 class _SqliteTx(Tx):
     def __init__(self, backend: SqliteBackend) -> None:
         self.backend = backend
+        self.dialect = backend.dialect
 
     async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
         return await self.backend._call(self.backend._execute, template, params)

@@ -134,7 +134,8 @@ def main() -> int:
                     results.append(r)
                     print(f"{isolation:<15} writers {w:>3}: flips {r['completed']}/{a.flips}"
                           f"  p50 {r['p50_s']} s  max {r['max_s']} s  flip retries "
-                          f"{r['flip_retries']}  writes {r['writes']} errors {r['writer_errors']}  {r['failed'] or ''}",
+                          f"{r['flip_retries']}  writes {r['writes']} writer errors "
+                          f"{r['writer_errors']}  {r['failed'] or ''}",
                           flush=True)
         finally:
             pg.destroy()

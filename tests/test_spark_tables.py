@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support.lostreply import LostCommitReply
+from pgfaults import LossyRelay
 
 import tsoracle
 from tsoracle.errors import ConfigError, LeadershipLost
@@ -27,7 +27,7 @@ SCHEMA = "k INT, v STRING"
 
 @pytest.fixture
 def relay(pg):
-    proxy = LostCommitReply(pg.port)
+    proxy = LossyRelay(pg.port)
     yield proxy
     proxy.close()
 

@@ -3,6 +3,7 @@
 from tsoracle.errors import (
     ClockSkew,
     ConfigError,
+    Contended,
     Fenced,
     InvalidTimeline,
     NotInitialized,
@@ -38,6 +39,7 @@ __all__ = [
     "EPOCH_MILLISECONDS",
     "ClockSkew",
     "ConfigError",
+    "Contended",
     "Fenced",
     "FlipResult",
     "GroupCommitter",

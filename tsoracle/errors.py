@@ -19,6 +19,11 @@ class OracleUnavailable(OracleError):
     """The backend cannot be reached or answered with an error that retries did not clear."""
 
 
+class Contended(OracleUnavailable):
+    """Every retry conflicted with concurrent transactions (40001, deadlocks): the server is up,
+    the rows are hot."""
+
+
 class NotInitialized(OracleUnavailable):
     """The schema or a timeline has not been provisioned yet."""
 

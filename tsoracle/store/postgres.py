@@ -10,12 +10,24 @@ import psycopg
 import psycopg_pool
 from psycopg import errors as pgerr
 
-from tsoracle.errors import NotInitialized, OracleClosed, OracleError, OracleUnavailable
+from tsoracle.errors import (
+    Contended,
+    NotInitialized,
+    OracleClosed,
+    OracleError,
+    OracleUnavailable,
+)
 from tsoracle.store.backend import Backend, Pinned, Rows, Tx
 from tsoracle.store.dialect import PostgresDialect
-from tsoracle.store.retry import GaveUp, retrying
+from tsoracle.store.retry import GaveUp, RetryPolicy, retrying
 
 T = TypeVar("T")
+
+
+class _CannotConnect(Exception):
+    def __init__(self, cause: psycopg.Error) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _PgTx(Tx):
@@ -69,19 +81,34 @@ class PostgresBackend(Backend):
         self.pool: psycopg_pool.AsyncConnectionPool | None = None
 
     async def open(self) -> None:
+        async def probe() -> str:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.url.dsn, autocommit=True,
+                    connect_timeout=max(1, math.ceil(self.connect_timeout)),
+                )
+            except psycopg.Error as exc:
+                raise _CannotConnect(exc) from exc  # wrong address or credentials: no retry
+            async with conn:
+                cur = await conn.execute("SELECT version()")
+                row = await cur.fetchone()
+            return str(row[0]) if row else ""
+
+        # A connection made and then lost (a reply dropped on the way) is retried briefly.
         try:
-            conn = await psycopg.AsyncConnection.connect(
-                self.url.dsn, autocommit=True,
-                connect_timeout=max(1, math.ceil(self.connect_timeout)),
-            )
-        except psycopg.Error as exc:
+            version = await retrying(probe, policy=RetryPolicy(timeout=self.connect_timeout),
+                                     transient=transient_reason, on_retry=self.on_retry)
+        except _CannotConnect as exc:
             raise OracleUnavailable(
-                f"cannot connect to {self.url.safe}: {self._why(exc)}"
+                f"cannot connect to {self.url.safe}: {self._why(exc.cause)}"
             ) from None
-        async with conn:
-            cur = await conn.execute("SELECT version()")
-            row = await cur.fetchone()
-        version = str(row[0]) if row else ""
+        except GaveUp as exc:
+            raise OracleUnavailable(
+                f"cannot open {self.url.safe}: the connection kept dropping for "
+                f"{exc.elapsed:.1f}s ({self._why(exc.last)}); check the network to the server"
+            ) from None
+        except psycopg.Error as exc:
+            raise self._translate(exc) from None
         self.dialect = PostgresDialect(self.url.schema, cockroach="CockroachDB" in version)
         self.pool = psycopg_pool.AsyncConnectionPool(
             self.url.dsn,
@@ -178,6 +205,14 @@ class PostgresBackend(Backend):
                     f"{self.pool_size} in the pool stayed busy; open the oracle with a larger "
                     "pool_size or make fewer concurrent calls"
                 ) from None
+            if transient_reason(exc.last) in CONFLICTS:
+                raise Contended(
+                    f"gave up after {exc.attempts} attempts in {exc.elapsed:.1f}s: each one "
+                    f"conflicted with concurrent transactions on the same rows in "
+                    f"{self.url.safe} ({self._why(exc.last)}); the server is up, the rows are "
+                    "contended: try again when the load is lower, or give calls a longer retry "
+                    "budget (retry=RetryPolicy(timeout=...))"
+                ) from None
             raise OracleUnavailable(
                 f"backend {self.url.safe} still failing after {exc.attempts} attempts in "
                 f"{exc.elapsed:.1f}s ({self._why(exc.last)}); check that the server is up"
@@ -216,6 +251,10 @@ class PostgresBackend(Backend):
         state = getattr(exc, "sqlstate", None)
         first = first.removeprefix("connection failed: ")
         return self.url.scrub(f"{first} [SQLSTATE {state}]" if state else first)
+
+
+# Failures that say the server is fine but another transaction got there first.
+CONFLICTS = ("serialization_failure", "deadlock")
 
 
 def transient_reason(exc: BaseException) -> str | None:

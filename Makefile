@@ -19,7 +19,7 @@ test:
 lint:  ## ruff and deptry, as CI runs them
 	bash .ci/lint
 
-lincheck:  ## every nemesis scenario x both implementations, 3000 operations each (a few minutes)
+lincheck:  ## every nemesis scenario x both implementations x both isolation levels, 3000 operations each (a few minutes)
 	$(PYTHON) tools/lincheck/runner.py all --min-ops 3000
 
 soak:  ## the same, long: make soak OPS=200000 (operations per scenario); not run in CI

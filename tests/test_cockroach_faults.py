@@ -9,6 +9,7 @@ the oracle sees of it. The Porcupine checks of the same faults are the lincheck 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 import pytest
@@ -17,8 +18,11 @@ from pgfaults import LossyRelay, SerializationFaults
 from support.workload import Recorder
 
 import tsoracle
+from tsoracle.oracle.connect import admin_backend
 from tsoracle.oracle.metrics import RETRIES
-from tsoracle.store import RetryPolicy
+from tsoracle.store import RetryPolicy, schema
+from tsoracle.store.dialect import is_cockroach
+from tsoracle.store.schema import ensure_schema, schema_exists
 
 COUNTER = "counter:crdb"
 RATES = [0.05, 0.30]
@@ -113,3 +117,44 @@ async def test_a_spent_retry_budget_on_lost_replies_says_so(pg):
             await oracle.close()
     finally:
         relay.close()
+
+
+# --- CockroachDB's dialect details, as far as PostgreSQL can check them -------------------
+
+@pytest.mark.parametrize(("version", "cockroach"), [
+    ("CockroachDB CCL v23.2.4 (x86_64-pc-linux-gnu, built 2024/04/08 21:09:25, go1.21.9 X:nocoverageredesign)", True),  # noqa: E501
+    ("CockroachDB OSS v21.1.0 (x86_64-unknown-linux-gnu, built 2021/05/17)", True),
+    ("PostgreSQL 15.8 (Debian 15.8-0+deb12u1) on x86_64-pc-linux-gnu, compiled by gcc", False),
+    ("PostgreSQL 16.2 on aarch64-apple-darwin, a build tagged CockroachDB-compat", False),
+])
+def test_the_dialect_follows_the_servers_version_string(version, cockroach):
+    assert is_cockroach(version) is cockroach
+
+
+async def test_postgresql_skips_cockroach_table_options_and_says_why_once(pg, caplog):
+    caplog.set_level(logging.INFO, logger="tsoracle.store.schema")
+    schema._explained.clear()
+    for _ in range(2):
+        await tsoracle.init(f"{pg.url()}?schema=o_{uuid.uuid4().hex[:8]}")
+    said = [r for r in caplog.records if "CockroachDB's table options" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    assert "gc.ttlseconds = 600" in said[0].getMessage()
+
+
+async def test_a_refused_table_option_is_skipped_with_the_statement_to_run(pg, caplog):
+    # PostgreSQL refuses CockroachDB's statements as a CockroachDB role without the
+    # ZONECONFIG privilege would: provisioning goes on and logs what an admin can run.
+    caplog.set_level(logging.INFO, logger="tsoracle.store.schema")
+    schema._explained.clear()
+    url = f"{pg.url()}?schema=o_{uuid.uuid4().hex[:8]}"
+    async with admin_backend(url) as backend:
+        backend.dialect.cockroach = True
+        statements = [str(s) for _, s in backend.dialect.table_options()]
+        assert any("CONFIGURE ZONE USING gc.ttlseconds = 600" in s for s in statements)
+        assert any("sql_stats_automatic_collection_enabled = false" in s for s in statements)
+        assert all(f'"{backend.url.schema}"."timestamps"' in s for s in statements)
+        await ensure_schema(backend, implementation="distributed", fence="Always")
+        assert await schema_exists(backend)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "a database admin can run: ALTER TABLE" in warned[0]
+    assert "tsoracle-test-pw" not in warned[0]

@@ -47,6 +47,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -54,11 +55,16 @@ sys.path[:0] = [str(ROOT), str(HERE.parent), str(HERE)]
 
 from history import Op, check  # noqa: E402
 from localpg import LocalPostgres, free_port  # noqa: E402
+from pgfaults import LossyRelay, SerializationFaults  # noqa: E402
 
 import tsoracle  # noqa: E402
 
 SCENARIOS = ("none", "postgres", "async-commit-crash", "client-kill", "pause", "flips", "clock",
-             "partition", "takeovers", "fencing-modes", "reprovision", "spark-client")
+             "partition", "takeovers", "fencing-modes", "reprovision", "spark-client",
+             "serialization-faults", "lost-replies")
+# CockroachDB's failure shape (tools/pgfaults.py), at these fractions of statements in turn.
+FAULT_RATES = (0.05, 0.30)
+ISOLATIONS = ("read committed", "serializable")
 LEGACY_ONLY = ("takeovers",)  # leader changes mean nothing to the distributed implementation
 TIMELINES = ("EpochMilliseconds", "counter:lin", "counter:lin2")
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
@@ -68,9 +74,10 @@ DEFAULT_CAP_S = 600.0  # a scenario that has not finished by then hangs
 STRICT_AGAIN_AFTER_S = 3.0
 
 
-def combos(implementations: tuple[str, ...] = ("distributed", "legacy")) -> list[tuple[str, str]]:
-    """Every (scenario, implementation) pair that means something."""
-    return [(s, i) for s in SCENARIOS for i in implementations
+def combos(implementations: tuple[str, ...] = ("distributed", "legacy"),
+           isolations: tuple[str, ...] = ISOLATIONS) -> list[tuple[str, str, str]]:
+    """Every (scenario, implementation, isolation) that means something."""
+    return [(s, i, iso) for s in SCENARIOS for i in implementations for iso in isolations
             if s not in LEGACY_ONLY or i == "legacy"]
 
 
@@ -112,7 +119,8 @@ class Control:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.state: dict[str, Any] = {"implementation": "distributed", "leader": 0,
-                                      "clock_offset_ms": 0, "stop": False, "relaxed": False}
+                                      "clock_offset_ms": 0, "stop": False, "relaxed": False,
+                                      "lost_reply_rate": 0.0}
 
     def write(self, **changes: Any) -> None:
         self.state.update(changes)
@@ -175,7 +183,7 @@ async def proxy(listen_port: int, target: tuple[str, int], flag: Path) -> None:
 async def worker(args: argparse.Namespace) -> None:
     url = args.url
     if args.partition_flag:
-        from urllib.parse import urlsplit, urlunsplit
+        from urllib.parse import urlunsplit
 
         parts = urlsplit(url)
         port = free_port()
@@ -185,6 +193,10 @@ async def worker(args: argparse.Namespace) -> None:
         host = f"127.0.0.1:{port}"
         url = urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2
                                         else host))
+    relay = None
+    if args.lossy:
+        relay = LossyRelay(urlsplit(url).port or 5432, seed=args.proc)
+        url = relay.url(url)
     extra: dict[str, Any] = {}
     if args.broken:
         from broken import install
@@ -207,6 +219,8 @@ async def worker(args: argparse.Namespace) -> None:
         nonlocal state
         while not state["stop"]:
             state = control.read()
+            if relay is not None:
+                relay.rate = state["lost_reply_rate"]
             await asyncio.sleep(0.02)
 
     def key(tl: str, o: tsoracle.TimestampOracle | None = None) -> str:
@@ -304,6 +318,12 @@ async def worker(args: argparse.Namespace) -> None:
     follower.cancel()
     for o in list(oracles.values()):
         await o.close()
+    from tsoracle.oracle.metrics import RETRIES
+
+    stats["retries"] = {r: RETRIES.total(reason=r) for r in
+                        ("serialization_failure", "ambiguous_result", "deadlock", "connection",
+                         "pool_timeout")}
+    stats["replies_lost"] = relay.lost if relay is not None else 0
     print(json.dumps(stats), flush=True)
 
 
@@ -485,6 +505,9 @@ class Nemesis:
         self.flips: Recorder | None = None
         self.strict_at: float | None = None  # when reads stop being recorded as stale-read
         self.dropped: list[tuple[str, int]] = []  # (incarnation, when its tables were gone)
+        parts = urlsplit(url)
+        self.database = parts.path.lstrip("/")
+        self.schema = parse_qs(parts.query)["schema"][0]
 
     def fault(self, kind: str, **info: Any) -> None:
         now = time.monotonic_ns()
@@ -583,7 +606,8 @@ class Nemesis:
             # enough that a crash surely loses asynchronously committed rows), then a crash.
             assert self.pg is not None, "this scenario needs the runner's own server"
             self.at(0.2)
-            self.pg.sql("ALTER DATABASE tsoracle SET synchronous_commit = off", "postgres")
+            self.pg.sql(f"ALTER DATABASE {self.database} SET synchronous_commit = off",
+                        "postgres")
             self.pg.sql("ALTER SYSTEM SET wal_writer_delay = '10s'", "postgres")
             self.pg.sql("SELECT pg_reload_conf()", "postgres")
             self.pg.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -654,6 +678,25 @@ class Nemesis:
             time.sleep(1.5)
             self.flag.unlink()
             self.fault("partition healed")
+        elif scenario == "serialization-faults":
+            assert self.pg is not None, "this scenario needs the runner's own server"
+            faults = SerializationFaults(self.pg, self.database)
+            faults.install(self.schema)
+            for frac, rate in zip((0.2, 0.5), FAULT_RATES, strict=True):
+                self.at(frac)
+                faults.set_rate(rate)
+                self.fault(f"{rate:.0%} of rows read or written fail with 40001")
+            self.at(0.8)
+            faults.set_rate(0.0)
+            self.fault("no more injected 40001")
+        elif scenario == "lost-replies":
+            for frac, rate in zip((0.2, 0.5), FAULT_RATES, strict=True):
+                self.at(frac)
+                self.control.write(lost_reply_rate=rate)
+                self.fault(f"{rate:.0%} of replies lost after the server applied the statement")
+            self.at(0.8)
+            self.control.write(lost_reply_rate=0.0)
+            self.fault("no more lost replies")
         elif scenario == "takeovers":
             for n, frac in enumerate((0.2, 0.4, 0.6, 0.8), start=1):
                 self.at(frac)
@@ -663,8 +706,16 @@ class Nemesis:
 
 def run(scenario: str, implementation: str, *, out: Path, url: str | None = None,
         processes: int = 4, clients: int = 4, min_ops: int = 3000,
-        cap_s: float = DEFAULT_CAP_S, broken: str | None = None) -> dict[str, Any]:
-    """One scenario until `min_ops` operations completed; `out` must be a new, empty folder."""
+        cap_s: float = DEFAULT_CAP_S, broken: str | None = None,
+        isolation: str = "read committed") -> dict[str, Any]:
+    """One scenario until `min_ops` operations completed; `out` must be a new, empty folder.
+
+    `isolation` "serializable" runs on the server's database whose transactions default to
+    SERIALIZABLE (CockroachDB's only level); it needs the runner's own server (no `url`)."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+    if url is not None and isolation != "read committed":
+        raise ValueError("a serializable run starts its own server: leave out url")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} is not empty: every run needs an output folder of its own")
     out.mkdir(parents=True, exist_ok=True)
@@ -673,6 +724,8 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
     if url is None:
         pg = LocalPostgres(out / "pg")
         url = pg.start()
+        if isolation == "serializable":
+            url = pg.serializable_url()
     url = f"{url}?schema=lin_{scenario.replace('-', '_')}_{implementation}_{run_id}"
     asyncio.run(tsoracle.init(url, timelines=list(TIMELINES), implementation=implementation))
     control = Control(out / "control.json")
@@ -692,6 +745,8 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
             argv += ["--by-incarnation"]
         if scenario == "spark-client" and i == 0:
             argv += ["--spark-client"]
+        if scenario == "lost-replies":
+            argv += ["--lossy"]
         if broken:
             argv += ["--broken", broken]
         with open(out / f"worker-{i}.log", "ab") as log:  # a pipe nobody reads would fill up
@@ -738,11 +793,13 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
                 except json.JSONDecodeError:
                     pass
     seconds_before = max(1e-3, (cutoff - started) / 1e9)
+    workers = worker_stats(out)
     enough = checked["ops"] >= min_ops
     verdict = "pass" if (checked["exit"] == 0 and not problems and enough and not stalled
                          and not nemesis_errors) else "FAIL"
     summary = {
-        "scenario": scenario, "implementation": implementation, "run": run_id,
+        "scenario": scenario, "implementation": implementation, "isolation": isolation,
+        "run": run_id,
         "processes": processes, "clients_per_process": clients, "min_ops": min_ops,
         "ops_checked": checked["ops"], "completed_ops": completed,
         "seconds": round((ended - started) / 1e9, 1), "faults": nemesis.faults,
@@ -750,6 +807,11 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
         "porcupine": checked["verdict"], "porcupine_seconds": round(checked["seconds"], 2),
         "invariant_violations": problems[:5], "enough_traffic": enough, "stalled": stalled,
         "nemesis_errors": nemesis_errors, "verdict": verdict,
+        # What callers saw fail, and what the backends retried unseen (workers that exited).
+        "client_errors": sum(w.get("failed", 0) for w in workers),
+        "retries": {r: sum(w.get("retries", {}).get(r, 0) for w in workers)
+                    for r in sorted({r for w in workers for r in w.get("retries", {})})},
+        "replies_lost": sum(w.get("replies_lost", 0) for w in workers),
     }
     if checked["exit"] == 1:
         summary["visualization"] = str(out / "violation.html")
@@ -757,12 +819,27 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
     return summary
 
 
+def worker_stats(out: Path) -> list[dict[str, Any]]:
+    """The closing line each worker printed (a killed worker printed none)."""
+    found = []
+    for log in sorted(out.glob("worker-*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        try:
+            found.append(json.loads(lines[-1]))
+        except (IndexError, json.JSONDecodeError):
+            continue
+    return [f for f in found if isinstance(f, dict)]
+
+
 def print_summary(s: dict[str, Any]) -> None:
+    retried = {k: int(v) for k, v in s.get("retries", {}).items() if v}
     print(f"[{s['verdict']}] {s['scenario']:<12} {s['implementation']:<11} "
+          f"{s.get('isolation', 'read committed'):<14} "
           f"ops checked {s['ops_checked']:>6} in {s['seconds']:>5} s  throughput before "
           f"faults {s['throughput_before_faults_ops_s']:>5}/s  faults {len(s['faults'])}  "
           f"porcupine {s['porcupine']} ({s['porcupine_seconds']} s)  invariants "
-          f"{'ok' if not s['invariant_violations'] else s['invariant_violations']}", flush=True)
+          f"{'ok' if not s['invariant_violations'] else s['invariant_violations']}  client "
+          f"errors {s.get('client_errors', 0)}  retried {retried or 0}", flush=True)
     for f in s["faults"]:
         print(f"      {f}", flush=True)
     if s["stalled"]:
@@ -785,6 +862,8 @@ def main() -> int:
     w.add_argument("--broken", help="run a deliberately broken oracle (checker self-test)")
     w.add_argument("--by-incarnation", action="store_true",
                    help="key every timeline by the incarnation it ran on (reprovision)")
+    w.add_argument("--lossy", action="store_true",
+                   help="reach PostgreSQL through a relay that loses replies (lost-replies)")
     w.add_argument("--spark-client", action="store_true",
                    help="drive the oracle through the Spark driver's OracleClient")
     for name in ("run", "all", "soak"):
@@ -800,6 +879,7 @@ def main() -> int:
             r.add_argument("--scenario", choices=SCENARIOS, required=True)
             r.add_argument("--implementation", choices=("distributed", "legacy"),
                            required=True)
+            r.add_argument("--isolation", choices=ISOLATIONS, default="read committed")
     a = p.parse_args()
     if a.cmd == "worker":
         if a.spark_client:
@@ -807,14 +887,15 @@ def main() -> int:
         else:
             asyncio.run(worker(a))
         return 0
-    todo = ([(a.scenario, a.implementation)] if a.cmd == "run" else combos())
+    todo = ([(a.scenario, a.implementation, a.isolation)] if a.cmd == "run" else combos())
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     base = Path(a.out) if a.out else ROOT / ".lincheck" / stamp
     failed = 0
-    for scenario, impl in todo:
+    for scenario, impl, isolation in todo:
+        name = f"{scenario}-{impl}" + ("-serializable" if isolation == "serializable" else "")
         try:
-            s = run(scenario, impl, out=base / f"{scenario}-{impl}", processes=a.processes,
-                    clients=a.clients, min_ops=a.min_ops, cap_s=a.cap)
+            s = run(scenario, impl, out=base / name, processes=a.processes,
+                    clients=a.clients, min_ops=a.min_ops, cap_s=a.cap, isolation=isolation)
         except ValueError as exc:
             print(f"lincheck: error: {exc}", file=sys.stderr)
             return 2

@@ -60,9 +60,13 @@ class Dialect:
         fencing.lock_deployment). SQLite's write transactions already exclude each other."""
         return None
 
-    def optional_ddl(self) -> list[Any]:
-        """Statements worth trying that some servers reject (CockroachDB-only options)."""
+    def table_options(self) -> list[tuple[str, Any]]:
+        """(what it is, statement): options a hot single-row table wants on this server."""
         return []
+
+    def skipped_options(self) -> str | None:
+        """Why this server gets none of CockroachDB's table options, or None if it gets them."""
+        return None
 
     def migrations(self) -> list[Any]:
         """Statements that bring tables from older releases up to date; each may fail only
@@ -112,6 +116,14 @@ ADDED_COLUMNS = (
     ("deployment", "generation", "BIGINT NOT NULL DEFAULT 0"),
     ("timestamps", "incarnation", "TEXT NOT NULL DEFAULT ''"),
 )
+
+
+COCKROACH_GC_TTL_S = 600
+
+
+def is_cockroach(version: str) -> bool:
+    """Whether `SELECT version()` came from CockroachDB (it speaks PostgreSQL's protocol)."""
+    return version.startswith("CockroachDB") or " CockroachDB " in f" {version} "
 
 
 class PostgresDialect(Dialect):
@@ -164,12 +176,28 @@ class PostgresDialect(Dialect):
         return [self.render(f"ALTER TABLE {{{t}}} ADD COLUMN IF NOT EXISTS {c} {ty}")
                 for t, c, ty in ADDED_COLUMNS]
 
-    def optional_ddl(self) -> list[Any]:
-        # Hot single rows leave many MVCC versions behind on CockroachDB; a short GC TTL keeps
-        # scans of the oracle table cheap. Only there: PostgreSQL would log a syntax error.
+    def table_options(self) -> list[tuple[str, Any]]:
         if not self.cockroach:
             return []
-        return [self.render("ALTER TABLE {timestamps} CONFIGURE ZONE USING gc.ttlseconds = 600")]
+        # Every timestamp leaves an MVCC version of its row behind on CockroachDB until GC: a
+        # short TTL keeps reads of the hot rows from scanning a day of them (the default is
+        # 4 h or 25 h by version). Automatic statistics on a table of a few rows only add
+        # background scans that contend with the writers.
+        return [
+            (f"zone gc.ttlseconds = {COCKROACH_GC_TTL_S}",
+             self.render("ALTER TABLE {timestamps} CONFIGURE ZONE USING gc.ttlseconds = "
+                         f"{COCKROACH_GC_TTL_S}")),
+            ("sql_stats_automatic_collection_enabled = false",
+             self.render("ALTER TABLE {timestamps} SET"
+                         " (sql_stats_automatic_collection_enabled = false)")),
+        ]
+
+    def skipped_options(self) -> str | None:
+        if self.cockroach:
+            return None
+        return ("the server is PostgreSQL, which has no zone configurations or per-table "
+                "automatic statistics switch; CockroachDB's table options "
+                f"(gc.ttlseconds = {COCKROACH_GC_TTL_S}, automatic statistics off) are skipped")
 
 
 @lru_cache(maxsize=512)

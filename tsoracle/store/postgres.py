@@ -18,7 +18,7 @@ from tsoracle.errors import (
     OracleUnavailable,
 )
 from tsoracle.store.backend import Backend, Pinned, Rows, Tx
-from tsoracle.store.dialect import PostgresDialect
+from tsoracle.store.dialect import PostgresDialect, is_cockroach
 from tsoracle.store.retry import GaveUp, RetryPolicy, retrying
 
 T = TypeVar("T")
@@ -109,7 +109,7 @@ class PostgresBackend(Backend):
             ) from None
         except psycopg.Error as exc:
             raise self._translate(exc) from None
-        self.dialect = PostgresDialect(self.url.schema, cockroach="CockroachDB" in version)
+        self.dialect = PostgresDialect(self.url.schema, cockroach=is_cockroach(version))
         self.pool = psycopg_pool.AsyncConnectionPool(
             self.url.dsn,
             min_size=1,

@@ -26,16 +26,35 @@ async def ensure_schema(backend: Backend, *, implementation: str, fence: str,
                 if attempt == 2:
                     raise
     await _migrate(backend)
-    for statement in backend.dialect.optional_ddl():
-        try:
-            await backend.execute_ddl(statement)
-        except OracleUnavailable:
-            log.debug("optional table option not supported by this server; skipped")
+    await _table_options(backend)
     await backend.fetch(
         SEED_DEPLOYMENT,
         {"implementation": implementation, "fence": fence, "rollout": False,
          "incarnation": new_incarnation(), "owner": owner},
     )
+
+
+_explained: set[str] = set()  # reasons already logged by this process
+
+
+def _once(level: int, reason: str, *args: object) -> None:
+    if reason not in _explained:
+        _explained.add(reason)
+        log.log(level, reason, *args)
+
+
+async def _table_options(backend: Backend) -> None:
+    """Set the options a hot table wants on this server; one that is refused (a role without
+    the ZONECONFIG privilege, an older version) is skipped: they tune, they do not decide."""
+    skipped = backend.dialect.skipped_options()
+    if skipped:
+        _once(logging.INFO, skipped)
+    for what, statement in backend.dialect.table_options():
+        try:
+            await backend.execute_ddl(statement)
+        except OracleUnavailable as exc:
+            _once(logging.WARNING, "table option %s not set on %s (%s); a database admin can "
+                  "run: %s", what, backend.url.safe, exc, statement)
 
 
 def new_incarnation() -> str:

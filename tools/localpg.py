@@ -58,8 +58,12 @@ def free_port() -> int:
 
 
 class LocalPostgres:
-    def __init__(self, base: str | os.PathLike[str], port: int | None = None) -> None:
+    def __init__(self, base: str | os.PathLike[str], port: int | None = None,
+                 extra_listen: tuple[tuple[str, str], ...] = ()) -> None:
+        """`extra_listen`: (address, client network) pairs to listen on besides loopback, and
+        whose clients may log in with a password (the partition nemesis's namespace)."""
         self.base = Path(base).resolve()
+        self.extra_listen = extra_listen
         self.data = self.base / "data"
         self.port_file = self.base / "port"
         self.port = port or (int(self.port_file.read_text()) if self.port_file.exists()
@@ -86,11 +90,15 @@ class LocalPostgres:
         self._grant_access()
         self._run(self.bin / "initdb", "-D", self.data, "-U", "postgres", "--auth-local=trust",
                   "--auth-host=scram-sha-256", "-E", "UTF8", "--no-instructions")
+        listen = ",".join(["127.0.0.1", *(addr for addr, _ in self.extra_listen)])
+        with open(self.data / "pg_hba.conf", "a") as hba:
+            for _, network in self.extra_listen:
+                hba.write(f"host all all {network} scram-sha-256\n")
         # fsync=off survives a server crash (the OS keeps the WAL); synchronous_commit stays on
         # so a crash-restart never loses a committed timestamp.
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(
-                f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"\nport = {self.port}\nlisten_addresses = '{listen}'\n"
                 f"unix_socket_directories = '{self.base}'\n"
                 "shared_preload_libraries = 'pg_stat_statements'\n"
                 "pg_stat_statements.track = all\n"

@@ -54,7 +54,8 @@ ROOT = HERE.parent.parent
 sys.path[:0] = [str(ROOT), str(HERE.parent), str(HERE)]
 
 from history import Op, check  # noqa: E402
-from localpg import LocalPostgres, free_port  # noqa: E402
+from localpg import LocalPostgres  # noqa: E402
+from netns import NamespaceUnavailable, NetNamespace  # noqa: E402
 from pgfaults import LossyRelay, SerializationFaults  # noqa: E402
 
 import tsoracle  # noqa: E402
@@ -62,6 +63,13 @@ import tsoracle  # noqa: E402
 SCENARIOS = ("none", "postgres", "async-commit-crash", "client-kill", "pause", "flips", "clock",
              "partition", "takeovers", "fencing-modes", "reprovision", "spark-client",
              "serialization-faults", "lost-replies")
+# The partition: worker 0 is cut off this long, and is configured to give up on the database
+# after PARTITION_BUDGET_S of retries, noticing a silent network after PARTITION_NETWORK_S; every
+# operation it starts meanwhile must end (fail) within PARTITION_BOUND_S.
+PARTITION_S = 5.0
+PARTITION_BUDGET_S = 1.0
+PARTITION_NETWORK_S = 1
+PARTITION_BOUND_S = PARTITION_BUDGET_S + 2 * PARTITION_NETWORK_S + 1.0
 # CockroachDB's failure shape (tools/pgfaults.py), at these fractions of statements in turn.
 FAULT_RATES = (0.05, 0.30)
 ISOLATIONS = ("read committed", "serializable")
@@ -140,68 +148,19 @@ class Standby(Exception):
     """The legacy implementation is active and another worker is the designated leader."""
 
 
-async def proxy(listen_port: int, target: tuple[str, int], flag: Path) -> None:
-    """A TCP relay that drops every connection while `flag` exists (a partition)."""
-    live: set[asyncio.StreamWriter] = set()
-
-    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            w.close()
-
-    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        if flag.exists():
-            w.close()
-            return
-        try:
-            ur, uw = await asyncio.open_connection(*target)
-        except OSError:
-            w.close()
-            return
-        live.update((w, uw))
-        await asyncio.gather(pipe(r, uw), pipe(ur, w))
-        live.difference_update((w, uw))
-
-    async def cutter() -> None:
-        while True:
-            if flag.exists():
-                for w in list(live):
-                    w.transport.abort()
-                live.clear()
-            await asyncio.sleep(0.05)
-
-    server = await asyncio.start_server(handle, "127.0.0.1", listen_port)
-    asyncio.get_running_loop().create_task(cutter())
-    await server.start_serving()
-
-
 async def worker(args: argparse.Namespace) -> None:
     url = args.url
-    if args.partition_flag:
-        from urllib.parse import urlunsplit
-
-        parts = urlsplit(url)
-        port = free_port()
-        await proxy(port, (parts.hostname or "127.0.0.1", parts.port or 5432),
-                    Path(args.partition_flag))
-        netloc = parts.netloc.rsplit("@", 1)
-        host = f"127.0.0.1:{port}"
-        url = urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2
-                                        else host))
     relay = None
     if args.lossy:
         relay = LossyRelay(urlsplit(url).port or 5432, seed=args.proc)
         url = relay.url(url)
     extra: dict[str, Any] = {}
+    if args.retry_budget is not None:
+        extra["retry"] = tsoracle.store.RetryPolicy(timeout=args.retry_budget)
     if args.broken:
         from broken import install
 
-        extra = install(args.broken)
+        extra.update(install(args.broken))
     rec = Recorder(Path(args.out), args.proc, args.run)
     control = Control(Path(args.control))
     state = control.read()
@@ -501,7 +460,8 @@ class Nemesis:
         self.deadline = time.monotonic() + cap_s
         self.faults: list[dict[str, Any]] = []
         self.first_fault = 0
-        self.flag = out / "partitioned"
+        self.ns: NetNamespace | None = None  # set by run() for the partition scenario
+        self.partition_window: tuple[int, int] | None = None
         self.flips: Recorder | None = None
         self.strict_at: float | None = None  # when reads stop being recorded as stale-read
         self.dropped: list[tuple[str, int]] = []  # (incarnation, when its tables were gone)
@@ -670,13 +630,17 @@ class Nemesis:
             self.control.write(clock_offset_ms=0)
             self.fault("clock back to true time")
         elif scenario == "partition":
+            assert self.ns is not None, "the partition scenario needs its network namespace"
             self.at(0.3)
-            self.flag.touch()
-            self.fault("partition worker 0 from PostgreSQL (connection drops)")
+            cut = time.monotonic_ns()
+            self.ns.cut()
+            self.fault("partition: worker 0's network namespace cut from PostgreSQL "
+                       "(iptables DROP both ways)")
             time.sleep(1.0)
             self.lead(1)
-            time.sleep(1.5)
-            self.flag.unlink()
+            time.sleep(PARTITION_S - 1.0)
+            self.ns.heal()
+            self.partition_window = (cut, time.monotonic_ns())
             self.fault("partition healed")
         elif scenario == "serialization-faults":
             assert self.pg is not None, "this scenario needs the runner's own server"
@@ -716,13 +680,33 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
         raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
     if url is not None and isolation != "read committed":
         raise ValueError("a serializable run starts its own server: leave out url")
+    if url is not None and scenario == "partition":
+        raise ValueError("the partition scenario starts its own server: leave out url")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} is not empty: every run needs an output folder of its own")
     out.mkdir(parents=True, exist_ok=True)
+    ns = None
+    if scenario == "partition":
+        try:
+            ns = NetNamespace().up()
+        except NamespaceUnavailable as exc:
+            raise ValueError(str(exc)) from None
+    try:
+        return _run(scenario, implementation, out=out, url=url, processes=processes,
+                    clients=clients, min_ops=min_ops, cap_s=cap_s, broken=broken,
+                    isolation=isolation, ns=ns)
+    finally:
+        if ns is not None:
+            ns.down()
+
+
+def _run(scenario: str, implementation: str, *, out: Path, url: str | None, processes: int,
+         clients: int, min_ops: int, cap_s: float, broken: str | None, isolation: str,
+         ns: NetNamespace | None) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:12]
     pg = None
     if url is None:
-        pg = LocalPostgres(out / "pg")
+        pg = LocalPostgres(out / "pg", extra_listen=((ns.host_ip, ns.subnet),) if ns else ())
         url = pg.start()
         if isolation == "serializable":
             url = pg.serializable_url()
@@ -733,12 +717,21 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
     procs: dict[int, subprocess.Popen[bytes]] = {}
 
     def spawn(i: int) -> None:
-        argv = [sys.executable, str(Path(__file__)), "worker", "--url", url,
+        worker_url, prefix = url, []
+        if ns is not None and i == 0:
+            # Through the veth pair, with libpq's network time limits and a retry budget
+            # short enough that calls made during the partition end well within it.
+            prefix = ns.prefix()
+            worker_url = (url.replace("@127.0.0.1:", f"@{ns.host_ip}:")
+                          + f"&tcp_user_timeout={PARTITION_NETWORK_S * 1000}&keepalives_idle="
+                          f"{PARTITION_NETWORK_S}&keepalives_interval=1&keepalives_count=1"
+                          f"&connect_timeout={PARTITION_NETWORK_S}")
+        argv = [*prefix, sys.executable, str(Path(__file__)), "worker", "--url", worker_url,
                 "--out", str(out / f"worker-{i}.jsonl"), "--run", run_id,
                 "--control", str(control.path), "--proc", str(i), "--clients", str(clients),
                 "--cap", str(cap_s)]
-        if scenario == "partition" and i == 0:
-            argv += ["--partition-flag", str(out / "partitioned")]
+        if ns is not None and i == 0:
+            argv += ["--retry-budget", str(PARTITION_BUDGET_S)]
         if scenario == "clock" and i % 2 == 0:
             argv += ["--clock-skew"]
         if scenario == "reprovision":
@@ -758,6 +751,7 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
     nemesis = Nemesis(scenario, implementation, min_ops=min_ops, cap_s=cap_s, url=url, out=out,
                       pg=pg, control=control, procs=procs, spawn=spawn, processes=processes,
                       run_id=run_id)
+    nemesis.ns = ns
     nemesis_errors: list[str] = []
     stalled = None
     try:
@@ -781,6 +775,12 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
     paths = sorted(out.glob("worker-*.jsonl")) + sorted(out.glob("flips.jsonl"))
     problems, completed = invariants(paths)
     problems += served_after_drop(paths, nemesis.dropped)
+    cut_off = None
+    if nemesis.partition_window is not None:
+        cut_off = partitioned_calls(out / "worker-0.jsonl", nemesis.partition_window)
+        if cut_off["longest_s"] > PARTITION_BOUND_S:
+            problems.append(f"a call made during the partition took {cut_off['longest_s']} s, "
+                            f"more than the {PARTITION_BOUND_S} s bound")
     checked = porcupine(paths, out / "violation.html", run_id=run_id, window=(started, ended))
     cutoff = nemesis.first_fault or ended
     before = 0
@@ -812,11 +812,34 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
         "retries": {r: sum(w.get("retries", {}).get(r, 0) for w in workers)
                     for r in sorted({r for w in workers for r in w.get("retries", {})})},
         "replies_lost": sum(w.get("replies_lost", 0) for w in workers),
+        "partitioned_calls": cut_off,
     }
     if checked["exit"] == 1:
         summary["visualization"] = str(out / "violation.html")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def partitioned_calls(path: Path, window: tuple[int, int]) -> dict[str, Any]:
+    """The calls worker 0 started while it was cut off: how many, how they ended, the longest
+    (a call that never returned counts as lasting to the end of the file's last record)."""
+    calls: dict[str, int] = {}
+    ended: dict[str, tuple[int, bool]] = {}
+    last = window[1]
+    for raw in path.read_text().splitlines():
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        last = max(last, rec.get("t", 0))
+        if rec.get("k") == "call" and window[0] <= rec["t"] <= window[1]:
+            calls[rec["id"]] = rec["t"]
+        elif rec.get("k") == "ret" and rec["id"] in calls:
+            ended[rec["id"]] = (rec["t"], bool(rec["ok"]))
+    longest = max(((ended.get(i, (last, False))[0] - t) for i, t in calls.items()), default=0)
+    return {"started": len(calls), "failed": sum(not ok for _, ok in ended.values()),
+            "unfinished": len(calls) - len(ended), "longest_s": round(longest / 1e9, 2),
+            "bound_s": PARTITION_BOUND_S}
 
 
 def worker_stats(out: Path) -> list[dict[str, Any]]:
@@ -857,7 +880,8 @@ def main() -> int:
     w.add_argument("--proc", type=int, required=True)
     w.add_argument("--clients", type=int, default=4)
     w.add_argument("--cap", type=float, default=DEFAULT_CAP_S)
-    w.add_argument("--partition-flag")
+    w.add_argument("--retry-budget", type=float,
+                   help="seconds each call retries a failing database (default: the library's)")
     w.add_argument("--clock-skew", action="store_true", help="follow the control clock offset")
     w.add_argument("--broken", help="run a deliberately broken oracle (checker self-test)")
     w.add_argument("--by-incarnation", action="store_true",

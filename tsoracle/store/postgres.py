@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 from psycopg import errors as pgerr
+from psycopg.conninfo import conninfo_to_dict
 
 from tsoracle.errors import (
     Contended,
@@ -22,6 +23,8 @@ from tsoracle.store.dialect import PostgresDialect, is_cockroach
 from tsoracle.store.retry import GaveUp, RetryPolicy, retrying
 
 T = TypeVar("T")
+# Seconds of network silence after which a connection counts as lost (see _network_options).
+NETWORK_TIMEOUT_S = 10
 
 
 class _CannotConnect(Exception):
@@ -77,16 +80,17 @@ class PostgresBackend(Backend):
         kwargs.pop("create", None)  # databases are created by their administrator
         super().__init__(*args, **kwargs)
         self.pool_size = pool_size
-        self.connect_timeout = connect_timeout
+        # The URL's own connect_timeout (libpq's) also bounds opening: connect, probe, pool.
+        given = str(conninfo_to_dict(self.url.dsn).get("connect_timeout") or "")
+        self.connect_timeout = float(given) if given.isdigit() and int(given) > 0 \
+            else connect_timeout
         self.pool: psycopg_pool.AsyncConnectionPool | None = None
 
     async def open(self) -> None:
         async def probe() -> str:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self.url.dsn, autocommit=True,
-                    connect_timeout=max(1, math.ceil(self.connect_timeout)),
-                )
+                    self.url.dsn, autocommit=True, **self._network_options())
             except psycopg.Error as exc:
                 raise _CannotConnect(exc) from exc  # wrong address or credentials: no retry
             async with conn:
@@ -114,7 +118,7 @@ class PostgresBackend(Backend):
             self.url.dsn,
             min_size=1,
             max_size=self.pool_size,
-            kwargs={"autocommit": True, "prepare_threshold": 0},
+            kwargs={"autocommit": True, "prepare_threshold": 0, **self._network_options()},
             configure=self._configure,
             timeout=self.retry.timeout,
             open=False,
@@ -127,6 +131,26 @@ class PostgresBackend(Backend):
             raise OracleUnavailable(
                 f"cannot open a connection pool to {self.url.safe}: {self._why(exc)}"
             ) from None
+
+    def _network_options(self) -> dict[str, Any]:
+        """libpq's time limits on a network that goes silent, unless the URL sets its own.
+
+        Without them a statement in flight when the network drops packets (a partition, a
+        host that vanished) waits for the kernel's retransmissions, about 15 minutes, and the
+        retry budget never gets a say. tcp_user_timeout closes a connection whose data stays
+        unacknowledged; keepalives notice a reply that never comes while nothing is unsent.
+        """
+        wait_s = NETWORK_TIMEOUT_S
+        defaults = {
+            "connect_timeout": max(1, math.ceil(self.connect_timeout)),
+            "keepalives": 1,
+            "keepalives_idle": max(1, wait_s // 3),
+            "keepalives_interval": max(1, wait_s // 6),
+            "keepalives_count": 3,
+            "tcp_user_timeout": wait_s * 1000,
+        }
+        given = conninfo_to_dict(self.url.dsn)
+        return {k: v for k, v in defaults.items() if k not in given}
 
     async def _configure(self, conn: psycopg.AsyncConnection) -> None:
         # A timestamp is handed out only after its row is durable: a server, database or role

@@ -225,3 +225,31 @@ async def test_deleting_drops_a_schema_that_only_held_tsoracle(pg, database):
         cur = await conn.execute(
             "SELECT count(*) FROM information_schema.schemata WHERE schema_name = 'only_ours'")
         assert (await cur.fetchone())[0] == 0
+
+
+async def test_a_flip_waiting_behind_maintenance_does_not_stall_writers(pg):
+    # A flip locks the timestamps table; ANALYZE or VACUUM of it (autovacuum, a DBA) holds a
+    # lock that makes the flip wait, and writers queue behind a waiting lock. Before the
+    # flip's lock_timeout, writers stood still for as long as the maintenance ran.
+    import psycopg
+
+    schema = "m_" + uuid.uuid4().hex[:8]
+    url = f"{pg.url()}?schema={schema}"
+    await tsoracle.init(url, timelines=[COUNTER])
+    maintenance = await psycopg.AsyncConnection.connect(pg.admin_dsn())
+    writer = await tsoracle.open_oracle(url, timeline=COUNTER, batching=False)
+    try:
+        await maintenance.execute(f'ANALYZE "{schema}".timestamps')  # held until commit
+        flip = asyncio.create_task(tsoracle.flip(url, to="legacy"))
+        await asyncio.sleep(0.5)  # the flip is waiting for its lock
+        assert not flip.done()
+        async with asyncio.timeout(30):  # only a stall reaches this
+            for _ in range(20):
+                await writer.write_ts()
+        assert not flip.done()  # the writes went through while maintenance still ran
+        await maintenance.commit()
+        result = await asyncio.wait_for(flip, 30)
+        assert result.changed and result.implementation == "legacy"
+    finally:
+        await maintenance.close()
+        await writer.close()

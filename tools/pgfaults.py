@@ -10,7 +10,9 @@ these machines, so both are made here on a real server:
   module's own connection) bypasses row security, so checks and setup are never failed.
 - `LossyRelay` is a TCP relay that lets the server finish a statement and then, for a chosen
   fraction of replies (or the next N COMMIT replies), closes both connections instead of
-  delivering the reply.
+  delivering the reply. It holds each reply until its ReadyForQuery, which suits the oracle's
+  statements; COPY and pipelined fetches would wait forever, and TLS sessions pass through
+  without faults (they cannot be parsed).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 FAULT_SCHEMA = "tsoracle_faults"
 # CommandComplete ('C'), length 11 (4 + len("COMMIT\0")), tag "COMMIT".
 COMMIT_DONE = b"C\x00\x00\x00\x0bCOMMIT\x00"
+SSL_REQUEST = (80877103).to_bytes(4, "big")  # request codes, after the 4-byte length
+GSSENC_REQUEST = (80877104).to_bytes(4, "big")
 
 
 class SerializationFaults:
@@ -101,7 +105,8 @@ class LossyRelay:
 
     def url(self, database_url: str) -> str:
         host_port = f"{self.target[0]}:{self.target[1]}"
-        assert host_port in database_url, database_url
+        if host_port not in database_url:  # (the URL holds a password: not echoed)
+            raise ValueError(f"the URL does not point at {host_port}, the relay's target")
         return database_url.replace(host_port, f"127.0.0.1:{self.port}")
 
     def _serve(self) -> None:
@@ -113,12 +118,11 @@ class LossyRelay:
         self._ready.set()
         self._loop.run_forever()
 
-    def _lose(self, reply: bytes) -> bool:
+    def _lose(self, reply: bytes, completed: bool) -> bool:
         if self.armed and COMMIT_DONE in reply:
             self.armed -= 1
             return True
-        return self.rate > 0 and b"C" in reply and _completes(reply) \
-            and self._rng.random() < self.rate
+        return self.rate > 0 and completed and self._rng.random() < self.rate
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if time.monotonic() < self.down_until:
@@ -130,40 +134,57 @@ class LossyRelay:
             writer.close()
             return
         self._open.update((writer, up_w))
+        asked = asyncio.get_running_loop().create_future()  # the client's first request
 
         async def upstream() -> None:
             try:
                 while data := await reader.read(65536):
+                    if not asked.done():
+                        asked.set_result(data[4:8] in (SSL_REQUEST, GSSENC_REQUEST))
                     up_w.write(data)
                     await up_w.drain()
             except (OSError, asyncio.IncompleteReadError):
                 pass
             finally:
+                if not asked.done():
+                    asked.set_result(False)
                 up_w.close()
 
         async def downstream() -> None:
             # Start-up and authentication pass message by message; from the first
-            # ReadyForQuery on, whole replies are held back until theirs, then delivered or lost.
-            started, buf = False, b""
+            # ReadyForQuery on, whole replies are held back until theirs, then delivered or
+            # lost. An encrypted session passes untouched (and loses nothing): it cannot be
+            # parsed.
+            encrypted = False
             try:
+                if await asked:  # the answer to SSLRequest / GSSENCRequest is one byte
+                    answer = await up_r.readexactly(1)
+                    writer.write(answer)
+                    encrypted = answer in (b"S", b"G")
+                if encrypted:
+                    while data := await up_r.read(65536):
+                        writer.write(data)
+                        await writer.drain()
+                    return
+                started = False
+                reply = _Reply()
                 while data := await up_r.read(65536):
-                    buf += data
-                    if not started and buf in (b"N", b"S"):  # the answer to SSLRequest
-                        writer.write(buf)
-                        buf = b""
-                    while not started and (first := _messages(buf)[:1]):
-                        kind, end = first[0]
-                        writer.write(buf[:end])
-                        buf, started = buf[end:], kind == b"Z"
-                    while (end := _reply_end(buf)) is not None:
-                        reply, buf = buf[:end], buf[end:]
-                        if self._lose(reply):
+                    for kind, message in reply.feed(data):
+                        if not started:
+                            writer.write(message)
+                            started = kind == b"Z"
+                            continue
+                        reply.hold(kind, message)
+                        if kind != b"Z":
+                            continue
+                        held, completed = reply.take()
+                        if self._lose(held, completed):
                             self.lost += 1
                             for w in (writer, up_w):
                                 w.transport.abort()
                             return
                         self.delivered += 1
-                        writer.write(reply)
+                        writer.write(held)
                     await writer.drain()
             except (OSError, asyncio.IncompleteReadError):
                 pass
@@ -191,26 +212,33 @@ class LossyRelay:
         self._loop.close()
 
 
-def _messages(buf: bytes) -> list[tuple[bytes, int]]:
-    """(type, end offset) of each complete protocol message at the start of `buf`."""
-    out, at = [], 0
-    while len(buf) - at >= 5:
-        end = at + 1 + int.from_bytes(buf[at + 1:at + 5], "big")
-        if end > len(buf):
-            break
-        out.append((buf[at:at + 1], end))
-        at = end
-    return out
+class _Reply:
+    """Splits the server's byte stream into messages, and holds one reply's messages."""
 
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._held: list[bytes] = []
+        self._completed = False
 
-def _reply_end(buf: bytes) -> int | None:
-    """The offset just past the first ReadyForQuery in `buf`, if a whole reply is there."""
-    for kind, end in _messages(buf):
-        if kind == b"Z":
-            return end
-    return None
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        """The complete (type, message) pairs that `data` finishes, in order."""
+        self._buf += data
+        out, at = [], 0
+        while len(self._buf) - at >= 5:
+            end = at + 1 + int.from_bytes(self._buf[at + 1:at + 5], "big")
+            if end > len(self._buf):
+                break
+            out.append((bytes(self._buf[at:at + 1]), bytes(self._buf[at:end])))
+            at = end
+        del self._buf[:at]
+        return out
 
+    def hold(self, kind: bytes, message: bytes) -> None:
+        self._held.append(message)
+        self._completed = self._completed or kind == b"C"  # CommandComplete
 
-def _completes(reply: bytes) -> bool:
-    """The reply reports a statement that ran to completion (CommandComplete)."""
-    return any(kind == b"C" for kind, _ in _messages(reply))
+    def take(self) -> tuple[bytes, bool]:
+        """The held reply, and whether a statement in it ran to completion."""
+        reply, completed = b"".join(self._held), self._completed
+        self._held, self._completed = [], False
+        return reply, completed

@@ -777,7 +777,7 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
     problems += served_after_drop(paths, nemesis.dropped)
     cut_off = None
     if nemesis.partition_window is not None:
-        cut_off = partitioned_calls(out / "worker-0.jsonl", nemesis.partition_window)
+        cut_off = partitioned_calls(out / "worker-0.jsonl", nemesis.partition_window, ended)
         if cut_off["longest_s"] > PARTITION_BOUND_S:
             problems.append(f"a call made during the partition took {cut_off['longest_s']} s, "
                             f"more than the {PARTITION_BOUND_S} s bound")
@@ -820,26 +820,29 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
     return summary
 
 
-def partitioned_calls(path: Path, window: tuple[int, int]) -> dict[str, Any]:
-    """The calls worker 0 started while it was cut off: how many, how they ended, the longest
-    (a call that never returned counts as lasting to the end of the file's last record)."""
+def partitioned_calls(path: Path, window: tuple[int, int], run_end: int) -> dict[str, Any]:
+    """The calls worker 0 had in flight or started while it was cut off: how many, how they
+    ended, and the longest time one spent cut off (from the later of its start and the cut to
+    its return; a call that never returned counts until the run ended)."""
     calls: dict[str, int] = {}
     ended: dict[str, tuple[int, bool]] = {}
-    last = window[1]
     for raw in path.read_text().splitlines():
         try:
             rec = json.loads(raw)
         except json.JSONDecodeError:
             continue
-        last = max(last, rec.get("t", 0))
-        if rec.get("k") == "call" and window[0] <= rec["t"] <= window[1]:
+        if rec.get("k") == "call":
             calls[rec["id"]] = rec["t"]
-        elif rec.get("k") == "ret" and rec["id"] in calls:
+        elif rec.get("k") == "ret":
             ended[rec["id"]] = (rec["t"], bool(rec["ok"]))
-    longest = max(((ended.get(i, (last, False))[0] - t) for i, t in calls.items()), default=0)
-    return {"started": len(calls), "failed": sum(not ok for _, ok in ended.values()),
-            "unfinished": len(calls) - len(ended), "longest_s": round(longest / 1e9, 2),
-            "bound_s": PARTITION_BOUND_S}
+    cut, healed = window
+    hit = {i: t for i, t in calls.items()
+           if t <= healed and ended.get(i, (run_end, False))[0] >= cut}
+    longest = max((ended.get(i, (run_end, False))[0] - max(t, cut) for i, t in hit.items()),
+                  default=0)
+    return {"calls": len(hit), "failed": sum(not ended[i][1] for i in hit if i in ended),
+            "unfinished": sum(i not in ended for i in hit),
+            "longest_s": round(longest / 1e9, 2), "bound_s": PARTITION_BOUND_S}
 
 
 def worker_stats(out: Path) -> list[dict[str, Any]]:

@@ -68,9 +68,8 @@ async def lock_deployment(tx: Tx) -> tuple[Deployment, list[tuple[object, ...]]]
     in PostgreSQL) makes writers wait for us instead; CockroachDB retries a first statement that
     locks rows on its own.
     """
-    lock = tx.dialect.lock_rows("timestamps")
-    if lock is not None:
-        await tx.fetch(lock)
+    for statement in tx.dialect.lock_rows("timestamps"):
+        await tx.fetch(statement)
     rows = await tx.fetch(_LOCK_ROWS)
     return await read_deployment(tx, for_update=True), rows
 

@@ -54,11 +54,11 @@ class Dialect:
         """A statement that drops the schema if it is empty, or None (no schemas here)."""
         return None
 
-    def lock_rows(self, table: str) -> str | None:
-        """A statement that makes writers of `table` wait until this transaction ends, taken
-        before the transaction reads anything; None where row locks do it (see
+    def lock_rows(self, table: str) -> list[str]:
+        """Statements that make writers of `table` wait until this transaction ends, run before
+        the transaction reads anything; none where row locks do it (see
         fencing.lock_deployment). SQLite's write transactions already exclude each other."""
-        return None
+        return []
 
     def table_options(self) -> list[tuple[str, Any]]:
         """(what it is, statement): options a hot single-row table wants on this server."""
@@ -119,6 +119,8 @@ ADDED_COLUMNS = (
 
 
 COCKROACH_GC_TTL_S = 600
+# How long a deployment change waits for its table lock before it backs off and tries again.
+LOCK_WAIT_MS = 200
 
 
 def is_cockroach(version: str) -> bool:
@@ -165,12 +167,16 @@ class PostgresDialect(Dialect):
         return sql.SQL("DROP SCHEMA IF EXISTS {}").format(
             sql.Identifier(self.schema)).as_string(None)
 
-    def lock_rows(self, table: str) -> str | None:
+    def lock_rows(self, table: str) -> list[str]:
         # SHARE ROW EXCLUSIVE waits for and blocks writers (and other lockers like us), not
-        # plain readers. CockroachDB has no LOCK TABLE: its first-statement retry covers it.
+        # plain readers. It also waits for VACUUM and ANALYZE, and writers queue behind a
+        # waiting lock: the short lock_timeout gives up (55P03, retried with backoff) rather
+        # than stall every writer behind a long maintenance run. CockroachDB has no LOCK
+        # TABLE: its first-statement retry covers it.
         if self.cockroach:
-            return None
-        return "LOCK TABLE {" + table + "} IN SHARE ROW EXCLUSIVE MODE"
+            return []
+        return [f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'",
+                "LOCK TABLE {" + table + "} IN SHARE ROW EXCLUSIVE MODE"]
 
     def migrations(self) -> list[Any]:
         return [self.render(f"ALTER TABLE {{{t}}} ADD COLUMN IF NOT EXISTS {c} {ty}")

@@ -278,7 +278,7 @@ class PostgresBackend(Backend):
 
 
 # Failures that say the server is fine but another transaction got there first.
-CONFLICTS = ("serialization_failure", "deadlock")
+CONFLICTS = ("serialization_failure", "deadlock", "lock_timeout")
 
 
 def transient_reason(exc: BaseException) -> str | None:
@@ -293,6 +293,8 @@ def transient_reason(exc: BaseException) -> str | None:
         return "ambiguous_result"
     if isinstance(exc, pgerr.DeadlockDetected):
         return "deadlock"
+    if isinstance(exc, pgerr.LockNotAvailable):
+        return "lock_timeout"
     if isinstance(exc, psycopg.OperationalError):
         state = exc.sqlstate or ""
         if state.startswith("28") or state in ("3D000", "42501"):

@@ -37,10 +37,10 @@ async def ensure_schema(backend: Backend, *, implementation: str, fence: str,
 _explained: set[str] = set()  # reasons already logged by this process
 
 
-def _once(level: int, reason: str, *args: object) -> None:
-    if reason not in _explained:
-        _explained.add(reason)
-        log.log(level, reason, *args)
+def _once(key: str, level: int, message: str, *args: object) -> None:
+    if key not in _explained:
+        _explained.add(key)
+        log.log(level, message, *args)
 
 
 async def _table_options(backend: Backend) -> None:
@@ -48,13 +48,15 @@ async def _table_options(backend: Backend) -> None:
     the ZONECONFIG privilege, an older version) is skipped: they tune, they do not decide."""
     skipped = backend.dialect.skipped_options()
     if skipped:
-        _once(logging.INFO, skipped)
+        _once(skipped, logging.INFO, skipped)
     for what, statement in backend.dialect.table_options():
         try:
             await backend.execute_ddl(statement)
         except OracleUnavailable as exc:
-            _once(logging.WARNING, "table option %s not set on %s (%s); a database admin can "
-                  "run: %s", what, backend.url.safe, exc, statement)
+            # Once per table and option: the operator provisions many schemas in one process.
+            _once(f"{backend.url.safe} {statement}", logging.WARNING,
+                  "table option %s not set on %s (%s); a database admin can run: %s",
+                  what, backend.url.safe, exc, statement)
 
 
 def new_incarnation() -> str:

@@ -18,11 +18,11 @@ from pgfaults import LossyRelay, SerializationFaults
 from support.workload import Recorder
 
 import tsoracle
+from tsoracle.fencing import ensure_tables, tables_exist
 from tsoracle.oracle.connect import admin_backend
 from tsoracle.oracle.metrics import RETRIES
 from tsoracle.store import RetryPolicy, schema
-from tsoracle.store.dialect import is_cockroach
-from tsoracle.store.schema import ensure_schema, schema_exists
+from tsoracle.store.postgres import is_cockroach
 
 COUNTER = "counter:crdb"
 RATES = [0.05, 0.30]
@@ -149,13 +149,13 @@ async def test_a_refused_table_option_is_skipped_with_the_statement_to_run(pg, c
     url = f"{pg.url()}?schema=o_{uuid.uuid4().hex[:8]}"
     async with admin_backend(url) as backend:
         backend.dialect.cockroach = True
-        statements = [str(s) for _, s in backend.dialect.table_options()]
+        statements = [str(s) for _, s in backend.dialect.hot_table_options("timestamps")]
         assert any("CONFIGURE ZONE USING gc.ttlseconds = 600" in s for s in statements)
         assert any("sql_stats_automatic_collection_enabled = false" in s for s in statements)
         assert all(f'"{backend.url.schema}"."timestamps"' in s for s in statements)
-        await ensure_schema(backend, implementation="distributed", fence="Always")
-        assert await schema_exists(backend)
-        await ensure_schema(backend, implementation="distributed", fence="Always")
+        await ensure_tables(backend, implementation="distributed", fence="Always")
+        assert await tables_exist(backend)
+        await ensure_tables(backend, implementation="distributed", fence="Always")
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 2  # one per option, not again on the next provisioning
     for text, statement in zip(warned, statements, strict=True):

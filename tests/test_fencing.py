@@ -299,14 +299,14 @@ async def test_a_client_of_a_dropped_and_reprovisioned_deployment_is_fenced(url,
     # restarted epochs and counters at 1, and a client still open on the old one wrote [1, 2, 3]
     # again next to a new client's [1, 2, 3].
     from tsoracle.oracle.connect import admin_backend
-    from tsoracle.store.schema import drop_schema
+    from tsoracle.oracle.provision import drop_deployment
 
     await tsoracle.init(url, timelines=[COUNTER], implementation=impl)
     old = await tsoracle.open_oracle(url, timeline=COUNTER, implementation=impl)
     handed = [(await old.write_ts()).timestamp for _ in range(3)]
     await old.apply_write(handed[-1])
     async with admin_backend(url) as backend:
-        await drop_schema(backend)
+        await drop_deployment(backend)
     await tsoracle.init(url, timelines=[COUNTER], implementation=impl)
     new = await tsoracle.open_oracle(url, timeline=COUNTER, implementation=impl)
     fresh = [(await new.write_ts()).timestamp for _ in range(3)]

@@ -12,8 +12,9 @@ from localpg import LocalPostgres
 from support.workload import Recorder
 
 import tsoracle
+from tsoracle.fencing import tables_exist
 from tsoracle.oracle.connect import admin_backend
-from tsoracle.store.schema import drop_schema, schema_exists
+from tsoracle.oracle.provision import drop_deployment
 
 COUNTER = "counter:server"
 
@@ -202,7 +203,7 @@ async def test_deleting_never_drops_the_users_tables(pg, database, schema):
         await conn.execute(f"INSERT INTO {schema}.invoices VALUES (1), (2)")
     await tsoracle.init(url)
     async with admin_backend(url) as backend:
-        dropped = await drop_schema(backend)
+        dropped = await drop_deployment(backend)
     async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
         cur = await conn.execute("SELECT count(*) FROM information_schema.tables WHERE"
                                  f" table_schema = '{schema}' AND table_name = 'invoices'")
@@ -210,7 +211,7 @@ async def test_deleting_never_drops_the_users_tables(pg, database, schema):
         cur = await conn.execute(f"SELECT count(*) FROM {schema}.invoices")
         assert (await cur.fetchone())[0] == 2
     async with admin_backend(url) as backend:
-        assert not await schema_exists(backend)  # tsoracle's own tables are gone
+        assert not await tables_exist(backend)  # tsoracle's own tables are gone
     assert dropped is False  # the schema was kept: it is not empty
 
 
@@ -220,7 +221,7 @@ async def test_deleting_drops_a_schema_that_only_held_tsoracle(pg, database):
     url = f"{database}?schema=only_ours"
     await tsoracle.init(url)
     async with admin_backend(url) as backend:
-        assert await drop_schema(backend) is True
+        assert await drop_deployment(backend) is True
     async with await psycopg.AsyncConnection.connect(database, autocommit=True) as conn:
         cur = await conn.execute(
             "SELECT count(*) FROM information_schema.schemata WHERE schema_name = 'only_ours'")

@@ -13,10 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tsoracle.errors import ConfigError
 from tsoracle.oracle import GroupCommitter, flip, init, open_oracle
 from tsoracle.oracle import metrics as m
-from tsoracle.store import has_schema, parse_url, url_with_schema
+from tsoracle.store import open_backend, parse_url, with_schema
 
 TIMELINE = "counter:bench"
 BENCH_SCHEMA = "tsoracle_bench"
@@ -51,16 +50,12 @@ def bench_url(url: str) -> str:
     A benchmark flips its deployment and adds a timeline: run against a production schema
     (say through $TSORACLE_URL) it would move that deployment to another implementation.
     """
-    named = parse_url(url).schema
-    if not has_schema(url):
-        return url_with_schema(url, BENCH_SCHEMA)
-    if named == BENCH_SCHEMA or named.startswith(BENCH_SCHEMA + "_"):
-        return url
-    raise ConfigError(
-        f"tsoracle bench runs only in its own schema {BENCH_SCHEMA!r} (or {BENCH_SCHEMA}_*), "
-        f"because it flips that deployment; the URL names schema {named!r}: drop ?schema= "
-        "from --url or $TSORACLE_URL"
-    )
+    return with_schema(
+        url, BENCH_SCHEMA,
+        accept=lambda named: named == BENCH_SCHEMA or named.startswith(BENCH_SCHEMA + "_"),
+        refusal=f"tsoracle bench runs only in its own schema {BENCH_SCHEMA!r} (or "
+                f"{BENCH_SCHEMA}_*), because it flips that deployment; the URL names schema "
+                "{named!r}: drop ?schema= from --url or $TSORACLE_URL")
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
@@ -159,36 +154,24 @@ async def run_one(url: str, *, mode: str, implementation: str, batching: bool,
 
 
 async def probe_bare_select(url: str, seconds: float = 1.0) -> dict[str, float]:
-    """Latency of one prepared single-row SELECT on one dedicated connection."""
-    parsed = parse_url(url)
+    """Latency of one single-row SELECT on the backend's own pinned connection (for
+    PostgreSQL: one connection, one cursor, a prepared statement, the fastest path)."""
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
-    if parsed.is_sqlite:
-        import sqlite3
-
-        conn = sqlite3.connect(parsed.dsn)
-        query = (f'SELECT read_ts FROM "{parsed.schema}_timestamps" WHERE timeline = ?'
+    backend = open_backend(parse_url(url))
+    await backend.open()
+    pinned = backend.pinned()
+    try:
+        query = ("SELECT read_ts FROM {timestamps} WHERE timeline = %(timeline)s"
                  " AND implementation = 'distributed'")
+        params = {"timeline": TIMELINE}
         while time.perf_counter() < deadline:
             start = time.perf_counter()
-            conn.execute(query, (TIMELINE,)).fetchone()
+            await pinned.fetch(query, params)
             latencies.append(time.perf_counter() - start)
-        conn.close()
-    else:
-        import psycopg
-        from psycopg import sql
-
-        query = sql.SQL("SELECT read_ts FROM {} WHERE timeline = %s"
-                        " AND implementation = 'distributed'").format(
-            sql.Identifier(parsed.schema, "timestamps"))
-        async with await psycopg.AsyncConnection.connect(
-                parsed.dsn, autocommit=True, prepare_threshold=0) as conn:
-            cur = conn.cursor()  # the fastest psycopg path: one cursor, prepared statement
-            while time.perf_counter() < deadline:
-                start = time.perf_counter()
-                await cur.execute(query, (TIMELINE,))
-                await cur.fetchone()
-                latencies.append(time.perf_counter() - start)
+    finally:
+        await pinned.close()
+        await backend.close()
     latencies.sort()
     return {"p50_ms": _pct(latencies, 0.5), "p99_ms": _pct(latencies, 0.99),
             "ops_per_s": len(latencies) / seconds}

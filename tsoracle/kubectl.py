@@ -19,9 +19,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tsoracle.operator.kube import SecretProblem, read_secret_url_sync
-from tsoracle.operator.model import GROUP, PLURAL, VERSION
 from tsoracle.operator.redact import redact
+from tsoracle.resource import GROUP, PLURAL, VERSION, SecretProblem, read_secret_url_sync
 
 
 class PluginError(Exception):

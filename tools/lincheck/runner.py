@@ -516,12 +516,12 @@ class Nemesis:
         """deletionPolicy: Delete, then the operator (or `tsoracle init`) provisions it again."""
         from tsoracle.fencing import read_deployment
         from tsoracle.oracle.connect import admin_backend
-        from tsoracle.store.schema import drop_schema
+        from tsoracle.oracle.provision import drop_deployment
 
         async def drop() -> str:
             async with admin_backend(self.url) as backend:
                 old = (await read_deployment(backend)).incarnation
-                await drop_schema(backend)
+                await drop_deployment(backend)
                 return old
 
         # The current (legacy) leader is paused across the drop and the re-provision, so it

@@ -1,9 +1,7 @@
 """Second floor: durable epochs, fencing modes, legacy leadership. Uses store/ only."""
 
-from tsoracle.fencing.coalesce import Coalescer
 from tsoracle.fencing.leader import Leadership, Start
 from tsoracle.fencing.modes import (
-    GUARD,
     IMPLEMENTATIONS,
     MODES,
     Deployment,
@@ -17,15 +15,16 @@ from tsoracle.fencing.modes import (
     set_fencing,
     superseded,
 )
+from tsoracle.fencing.tables import ensure_tables, tables_exist
 
 __all__ = [
-    "GUARD",
     "IMPLEMENTATIONS",
     "MODES",
-    "Coalescer",
     "Deployment",
     "Leadership",
     "Start",
+    "ensure_tables",
+    "tables_exist",
     "check_implementation",
     "check_mode",
     "confirms_reads",

@@ -11,10 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tsoracle.coalesce import Coalescer
 from tsoracle.errors import Fenced, LeadershipLost, UnknownTimeline
-from tsoracle.fencing.coalesce import Coalescer
 from tsoracle.fencing.modes import (
-    GUARD,
     Deployment,
     confirms_reads,
     moved,
@@ -23,26 +22,22 @@ from tsoracle.fencing.modes import (
 )
 from tsoracle.store import Backend
 
-_WHERE = "WHERE timeline = %(timeline)s AND implementation = 'legacy'"
 # Each statement also returns the deployment's fencing mode, so a change of mode reaches the
 # leader at its next reservation or confirmation, whatever the mode was when it started.
-_START = (
-    "UPDATE {timestamps} SET leader_epoch = leader_epoch + 1 " + _WHERE +
-    f" RETURNING leader_epoch, read_ts, write_ts, {GUARD}, fence"
-)
-_RESERVE = (
-    "UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(upper)s::numeric),"
-    " read_ts = GREATEST(read_ts, %(read)s::numeric) " + _WHERE +
-    f" AND leader_epoch = %(leader_epoch)s AND {GUARD} RETURNING write_ts, fence"
-)
+_START = ("UPDATE {timestamps} SET leader_epoch = leader_epoch + 1 WHERE {row}"
+          " RETURNING leader_epoch, read_ts, write_ts, {guard}, fence")
+_RESERVE = ("UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(upper)s::numeric),"
+            " read_ts = GREATEST(read_ts, %(read)s::numeric)"
+            " WHERE {row} AND leader_epoch = %(leader_epoch)s AND {guard}"
+            " RETURNING write_ts, fence")
 # An apply persists the read frontier before any read may return it, so a successor (or a
 # flip) starts reads exactly there: never below a returned read, never past an unapplied write.
-_PERSIST_READ = (
-    "UPDATE {timestamps} SET read_ts = GREATEST(read_ts, %(read)s::numeric) " + _WHERE +
-    f" AND leader_epoch = %(leader_epoch)s AND {GUARD} RETURNING read_ts, fence"
-)
-_CONFIRM = f"SELECT leader_epoch = %(leader_epoch)s AND {GUARD}, fence FROM {{timestamps}} " \
-    + _WHERE
+_PERSIST_READ = ("UPDATE {timestamps} SET read_ts = GREATEST(read_ts, %(read)s::numeric)"
+                 " WHERE {row} AND leader_epoch = %(leader_epoch)s AND {guard}"
+                 " RETURNING read_ts, fence")
+_CONFIRM = ("SELECT leader_epoch = %(leader_epoch)s AND {guard}, fence FROM {timestamps}"
+            " WHERE {row}")
+_LEADER_EPOCH = "SELECT leader_epoch FROM {timestamps} WHERE {row}"
 
 
 @dataclass(frozen=True)
@@ -89,7 +84,8 @@ class Leadership:
         return time.monotonic() - self._confirmed_at
 
     def _params(self, **extra: object) -> dict[str, object]:
-        return {"timeline": self.timeline, **self.opened.guard_params(),
+        return {"timeline": self.timeline, "implementation": "legacy",
+                **self.opened.guard_params(),
                 "leader_epoch": self.leader_epoch, **extra}
 
     async def start(self) -> Start:
@@ -175,7 +171,7 @@ class Leadership:
             err = superseded(self.opened, now, "legacy")
         else:
             rows = await self.backend.fetch(
-                "SELECT leader_epoch FROM {timestamps} " + _WHERE, {"timeline": self.timeline}
+                _LEADER_EPOCH, {"timeline": self.timeline, "implementation": "legacy"}
             )
             current = int(rows[0][0]) if rows else "?"
             err = LeadershipLost(

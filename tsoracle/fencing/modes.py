@@ -1,4 +1,5 @@
-"""Fencing modes, the deployment row, and the guard the storage evaluates on every statement.
+"""Fencing modes and the deployment row (the guard the storage evaluates on every statement is
+`{guard}`, in fencing/tables.py).
 
 The deployment row is the source of truth (epoch, active implementation, fencing mode, rollout
 flag). Flips copy it into every per-timeline row in the same transaction, so a guarded statement
@@ -16,17 +17,6 @@ from tsoracle.store import Backend, Tx
 MODES = ("Always", "Rollout", "Disabled")
 IMPLEMENTATIONS = ("legacy", "distributed")
 
-# True while this process may hand out or release results: it runs the active implementation
-# and its epoch is current, or the mode is Rollout and no rollout is in progress. Every mode,
-# Disabled included, evaluates it on every statement: Disabled only spares a legacy leader its
-# confirmation round trips before answering from memory (see confirms_reads), never the check
-# that keeps an inactive implementation or a superseded epoch from allocating.
-# The incarnation names one provisioning of the schema: a client of a deployment that was dropped
-# and provisioned again (epochs and counters restart) fails it instead of reusing timestamps.
-GUARD = ("(active AND incarnation = %(incarnation)s"
-         " AND (epoch = %(epoch)s OR (fence = 'Rollout' AND NOT rollout)))")
-
-
 def confirms_reads(mode: str) -> bool:
     """Whether a legacy leader confirms its leadership before answering from memory."""
     return mode != "Disabled"
@@ -43,7 +33,7 @@ class Deployment:
     generation: int = 0  # that resource's generation last applied (flip, fencing)
 
     def guard_params(self) -> dict[str, object]:
-        """What GUARD compares against, for a process that opened under this row."""
+        """What {guard} compares against, for a process that opened under this row."""
         return {"epoch": self.epoch, "incarnation": self.incarnation}
 
 

@@ -22,27 +22,32 @@ from kubernetes.client.exceptions import ApiException
 from tsoracle.errors import ConfigError, OracleError, OracleUnavailable
 from tsoracle.fencing import IMPLEMENTATIONS, finish_rollout, set_fencing
 from tsoracle.operator import metrics
-from tsoracle.operator.kube import SecretProblem, patch_status, read_secret_url
+from tsoracle.operator.kube import patch_status, read_secret_url
 from tsoracle.operator.lease import LeaderLease
-from tsoracle.operator.model import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    Observation,
-    OracleSpec,
-    parse_spec,
-    status_patch,
-    with_schema,
-)
+from tsoracle.operator.model import Observation, status_patch
 from tsoracle.operator.ownership import Owner, OwnershipProblem, check_ownership
 from tsoracle.operator.redact import redact, redact_addresses
 from tsoracle.oracle.api import wall_clock_ms
 from tsoracle.oracle.connect import open_instrumented_backend
 from tsoracle.oracle.flip import flip_backend
-from tsoracle.oracle.provision import claim, find_deployment, provision, release
+from tsoracle.oracle.provision import (
+    claim,
+    drop_deployment,
+    find_deployment,
+    provision,
+    release,
+)
 from tsoracle.oracle.status import read_status
+from tsoracle.resource import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    OracleSpec,
+    SecretProblem,
+    parse_spec,
+    resource_url,
+)
 from tsoracle.store import Backend, parse_url
-from tsoracle.store.schema import drop_schema
 
 RETRY_SECONDS = 5.0
 FAULT_ENV = "TSORACLE_OPERATOR_FAULT"  # test-only fault injection: "exit-after-flip"
@@ -218,7 +223,7 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body) -> float:
     try:
         spec = parse_spec(body.get("spec") or {})
         url = await read_secret_url(namespace, spec.secret_name, spec.secret_key)
-        url = with_schema(url, spec.schema)  # a mismatch is a BadURL, not an InvalidSpec
+        url = resource_url(url, spec.schema)  # a mismatch is a BadURL, not an InvalidSpec
         backend = await BACKENDS.get(f"{namespace}/{name}", url)
         found = await find_deployment(backend)
         check_ownership(found, owner, spec.schema, old_status)
@@ -329,7 +334,7 @@ async def deleted(name: str, namespace: str, spec: kopf.Spec, meta: kopf.Meta, b
     what = "drop" if parsed.deletion_policy == "Delete" else "release"
     url = None
     try:
-        url = with_schema(await read_secret_url(namespace, parsed.secret_name,
+        url = resource_url(await read_secret_url(namespace, parsed.secret_name,
                                                 parsed.secret_key), parsed.schema)
         backend = await BACKENDS.get(f"{namespace}/{name}", url)
         found = await find_deployment(backend)
@@ -341,7 +346,7 @@ async def deleted(name: str, namespace: str, spec: kopf.Spec, meta: kopf.Meta, b
                               "nothing was dropped or released")
             return
         if what == "drop":
-            await drop_schema(backend)
+            await drop_deployment(backend)
             kopf.info(body, reason="Dropped", message=f"dropped tsoracle's tables in schema "
                                                       f"{parsed.schema!r}")
         else:

@@ -6,71 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tsoracle.errors import ConfigError, InvalidTimeline
-from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.oracle.status import Status
-from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
-from tsoracle.store import has_schema, parse_url, url_with_schema
+from tsoracle.resource import OracleSpec
 
-GROUP = "tsoracle.io"
-VERSION = "v1alpha1"
-PLURAL = "timestamporacles"
-KIND = "TimestampOracle"
 CONDITION_TYPES = ("Ready", "Provisioned", "RolloutInProgress", "Degraded")
-
-
-@dataclass(frozen=True)
-class OracleSpec:
-    secret_name: str
-    secret_key: str
-    schema: str
-    implementation: str
-    fencing: str
-    timelines: tuple[str, ...]
-    deletion_policy: str
-    rollout_window_s: int
-    refresh_s: int
-
-
-def parse_spec(spec: Mapping[str, Any]) -> OracleSpec:
-    """Validate what the CRD schema cannot (it already checks shapes and enums)."""
-    backend = spec.get("backend") or {}
-    ref = backend.get("urlSecretRef") or {}
-    if not ref.get("name"):
-        raise ConfigError("spec.backend.urlSecretRef.name is required")
-    implementation = spec.get("implementation", "distributed")
-    if implementation not in IMPLEMENTATIONS:
-        raise ConfigError(f"spec.implementation {implementation!r} is not one of {IMPLEMENTATIONS}")
-    fencing = spec.get("fencing", "Always")
-    if fencing not in MODES:
-        raise ConfigError(f"spec.fencing {fencing!r} is not one of {MODES}")
-    timelines = tuple(spec.get("timelines") or [EPOCH_MILLISECONDS])
-    for t in timelines:
-        try:
-            parse_timeline(t)
-        except InvalidTimeline as exc:
-            raise ConfigError(f"spec.timelines: {exc}") from None
-    return OracleSpec(
-        secret_name=str(ref["name"]),
-        secret_key=str(ref.get("key") or "url"),
-        schema=str(backend.get("schema") or "tsoracle"),
-        implementation=implementation,
-        fencing=fencing,
-        timelines=timelines,
-        deletion_policy=spec.get("deletionPolicy", "Retain"),
-        rollout_window_s=int(spec.get("rolloutWindowSeconds", 30)),
-        refresh_s=int(spec.get("statusRefreshSeconds", 10)),
-    )
-
-
-def with_schema(url: str, schema: str) -> str:
-    """The backend URL with the resource's schema. A URL that names another schema is refused:
-    spec.backend.schema is immutable, and a Secret edit must not move the oracle elsewhere."""
-    if has_schema(url) and parse_url(url).schema != schema:
-        raise ConfigError(
-            f"the backend URL in the Secret names a schema other than spec.backend.schema "
-            f"({schema!r}); remove the schema parameter from the Secret's URL")
-    return url_with_schema(url, schema)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from tsoracle.fencing import (
     check_implementation,
     check_mode,
     read_deployment,
+    tables_exist,
 )
 from tsoracle.fencing import finish_rollout as _finish_rollout
 from tsoracle.fencing import set_fencing as _set_fencing
@@ -24,7 +25,6 @@ from tsoracle.oracle.provision import Provisioned, provision, timeline_exists
 from tsoracle.oracle.status import Status, read_status
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
 from tsoracle.store import Backend, RetryPolicy, open_backend, parse_url
-from tsoracle.store.schema import schema_exists
 
 DEFAULT_MAX_CLOCK_SKEW_MS = 60_000
 
@@ -42,7 +42,7 @@ async def open_instrumented_backend(url: str, implementation: str = "admin",
 
 
 async def _require_schema(backend: Backend) -> Deployment:
-    if not await schema_exists(backend):
+    if not await tables_exist(backend):
         raise NotInitialized(
             f"{backend.url.safe} has no tsoracle schema {backend.url.schema!r}; "
             "run `tsoracle init` (or let the operator provision it)"
@@ -96,7 +96,7 @@ async def open_oracle(
                 f"{chosen!r}; open with implementation={dep.implementation!r} or None"
             )
         cls = LegacyOracle if chosen == "legacy" else DistributedOracle
-        if not backend.url.is_sqlite and pool_size <= cls.pinned_connections:
+        if backend.pooled and pool_size <= cls.pinned_connections:
             # Pinned connections would take the whole pool and every other statement would
             # wait for a connection that never comes free.
             raise ConfigError(

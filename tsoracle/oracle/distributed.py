@@ -9,23 +9,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from tsoracle.coalesce import Coalescer
 from tsoracle.errors import ClockSkew, TimestampExhausted, UnknownTimeline
-from tsoracle.fencing import GUARD, Coalescer, read_deployment, superseded
+from tsoracle.fencing import read_deployment, superseded
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
 from tsoracle.store import U64_MAX
 
-_ROW = "WHERE timeline = %(timeline)s AND implementation = 'distributed'"
 # One statement per operation; each carries the fencing guard, checked by the row it touches.
 _SQL = {
-    "write": "UPDATE {timestamps} SET write_ts = GREATEST(write_ts + 1, %(now)s::numeric) "
-             + _ROW + " AND write_ts < %(max)s::numeric"
-             f" AND write_ts + 1 <= %(ceiling)s::numeric AND {GUARD} RETURNING write_ts",
-    "peek": f"SELECT write_ts, {GUARD} FROM {{timestamps}} " + _ROW,
-    "read": f"SELECT read_ts, {GUARD} FROM {{timestamps}} " + _ROW,
+    "write": "UPDATE {timestamps} SET write_ts = GREATEST(write_ts + 1, %(now)s::numeric)"
+             " WHERE {row} AND write_ts < %(max)s::numeric"
+             " AND write_ts + 1 <= %(ceiling)s::numeric AND {guard} RETURNING write_ts",
+    "peek": "SELECT write_ts, {guard} FROM {timestamps} WHERE {row}",
+    "read": "SELECT read_ts, {guard} FROM {timestamps} WHERE {row}",
     "apply": "UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(ts)s::numeric),"
-             " read_ts = GREATEST(read_ts, %(ts)s::numeric) " + _ROW
-             + f" AND {GUARD} RETURNING read_ts",
-    "confirm": f"SELECT {GUARD} FROM {{timestamps}} " + _ROW,
+             " read_ts = GREATEST(read_ts, %(ts)s::numeric)"
+             " WHERE {row} AND {guard} RETURNING read_ts",
+    "confirm": "SELECT {guard} FROM {timestamps} WHERE {row}",
 }
 
 
@@ -36,7 +36,8 @@ class DistributedOracle(TimestampOracle):
     def __init__(self, *args: Any, batching: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sql = _SQL
-        self._base = {"timeline": self.timeline.name, **self.deployment.guard_params()}
+        self._base = {"timeline": self.timeline.name, "implementation": "distributed",
+                      **self.deployment.guard_params()}
         # Batched reads and confirmations run one statement at a time: each keeps a connection.
         self._pinned = {"read": self.backend.pinned(), "confirm": self.backend.pinned()}
         self._reads = Coalescer(self._query_read, self.batch_observer("read_ts")) if batching \

@@ -11,14 +11,15 @@ from tsoracle.fencing import (
     Deployment,
     check_implementation,
     check_mode,
+    ensure_tables,
     lock_deployment,
     read_deployment,
     set_fencing,
 )
+from tsoracle.fencing.tables import TABLES
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
-from tsoracle.store import Backend, Tx
+from tsoracle.store import Backend, Tx, schema
 from tsoracle.store.dialect import U64_MAX
-from tsoracle.store.schema import ensure_schema
 
 _INSERT = (
     "INSERT INTO {timestamps} (timeline, implementation, read_ts, write_ts, leader_epoch, epoch,"
@@ -59,7 +60,7 @@ async def provision(
             f"[0, {U64_MAX}], got {initial_ts!r}"
         )
     fence = check_mode(fencing or "Always")
-    await ensure_schema(backend, implementation=implementation, fence=fence, owner=owner)
+    await ensure_tables(backend, implementation=implementation, fence=fence, owner=owner)
     if fencing is not None:
         await set_fencing(backend, fencing)
 
@@ -114,3 +115,17 @@ async def release(backend: Backend, owner: str) -> None:
     """Give up ownership (deletionPolicy: Retain), so that a new resource may adopt the data."""
     await backend.fetch("UPDATE {deployment} SET owner = '' WHERE id = 1 AND owner = %(owner)s",
                         {"owner": owner})
+
+
+# Everything a deployment keeps in its schema: the oracle's tables (fencing/tables.py) and the
+# Spark tables' catalog (spark/catalog.py creates those; they are named here so that deleting a
+# deployment removes them too, from the operator, which never imports spark/).
+CATALOG_TABLES = ("table_catalog", "table_commits", "timeline_uppers", "table_tags",
+                  "table_since")
+DEPLOYMENT_TABLES = (*TABLES, *CATALOG_TABLES)
+
+
+async def drop_deployment(backend: Backend) -> bool:
+    """Remove the deployment's tables, then its schema if nothing else is in it
+    (deletionPolicy: Delete). Returns whether the schema itself was dropped."""
+    return await schema.drop(backend, DEPLOYMENT_TABLES)

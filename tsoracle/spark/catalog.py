@@ -20,22 +20,22 @@ from typing import Any
 
 from tsoracle.errors import ConfigError, NotInitialized
 from tsoracle.oracle.group_commit import Conflict
-from tsoracle.store import Backend, Tx
+from tsoracle.store import Backend, Tx, schema
 
 _DDL = (
     """CREATE TABLE IF NOT EXISTS {table_catalog} (
         name TEXT PRIMARY KEY, timeline TEXT NOT NULL, columns TEXT NOT NULL,
         keys TEXT NOT NULL, location TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS {table_commits} (
-        table_name TEXT NOT NULL, ts TSTYPE NOT NULL, timeline TEXT NOT NULL,
+        table_name TEXT NOT NULL, ts {u64:ts} NOT NULL, timeline TEXT NOT NULL,
         path TEXT NOT NULL, tag TEXT, PRIMARY KEY (table_name, ts))""",
     """CREATE TABLE IF NOT EXISTS {timeline_uppers} (
-        timeline TEXT PRIMARY KEY, upper TSTYPE NOT NULL)""",
+        timeline TEXT PRIMARY KEY, upper {u64:upper} NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS {table_tags} (
-        table_name TEXT NOT NULL, tag TEXT NOT NULL, ts TSTYPE NOT NULL,
+        table_name TEXT NOT NULL, tag TEXT NOT NULL, ts {u64:ts} NOT NULL,
         PRIMARY KEY (table_name, tag))""",
     """CREATE TABLE IF NOT EXISTS {table_since} (
-        table_name TEXT PRIMARY KEY, since TSTYPE NOT NULL)""",
+        table_name TEXT PRIMARY KEY, since {u64:since} NOT NULL)""",
 )
 
 
@@ -57,9 +57,7 @@ class TableInfo:
 
 
 async def ensure_catalog(backend: Backend) -> None:
-    for ddl in _DDL:
-        await backend.execute_ddl(backend.dialect.render(ddl.replace("TSTYPE",
-                                                                     backend.dialect.ts_type)))
+    await schema.create(backend, _DDL)
 
 
 async def register(backend: Backend, info: TableInfo) -> TableInfo:

@@ -73,8 +73,14 @@ class OracleClient:
         with needs_extra("operator", "finding the oracle through a TimestampOracle resource"):
             from kubernetes import client, config
 
-        from tsoracle.operator.kube import read_secret_url_sync
-        from tsoracle.operator.model import GROUP, PLURAL, VERSION, parse_spec, with_schema
+        from tsoracle.resource import (
+            GROUP,
+            PLURAL,
+            VERSION,
+            parse_spec,
+            read_secret_url_sync,
+            resource_url,
+        )
 
         if kubeconfig:
             api_client = config.new_client_from_config(kubeconfig)
@@ -91,7 +97,7 @@ class OracleClient:
         if not status.get("activeImplementation"):
             raise ConfigError(f"TimestampOracle {namespace}/{name} is not provisioned yet "
                               "(no status.activeImplementation); check its conditions")
-        url = with_schema(read_secret_url_sync(api_client, namespace, spec.secret_name,
+        url = resource_url(read_secret_url_sync(api_client, namespace, spec.secret_name,
                                                spec.secret_key), spec.schema)
         self = cls(url, data_dir=data_dir, timeline=timeline or spec.timelines[0], **kwargs)
         self.resource_epoch = int(status.get("epoch") or 0)

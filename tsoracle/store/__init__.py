@@ -10,6 +10,7 @@ from tsoracle.store.url import (
     parse_url,
     secret_forms,
     url_with_schema,
+    with_schema,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "parse_url",
     "secret_forms",
     "url_with_schema",
+    "with_schema",
 ]

@@ -8,8 +8,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+from tsoracle.errors import OracleError
 from tsoracle.store.dialect import Dialect
-from tsoracle.store.retry import RetryPolicy
+from tsoracle.store.retry import GaveUp, RetryPolicy, retrying
 from tsoracle.store.url import BackendURL
 
 T = TypeVar("T")
@@ -50,6 +51,7 @@ class Backend(ABC):
 
     dialect: Dialect
     url: BackendURL
+    pooled = False  # a pool of connections (pinned ones come out of it), not a single one
 
     def __init__(
         self,
@@ -82,6 +84,34 @@ class Backend(ABC):
         at a time (batched reads, shared confirmations): no pool round trip per statement."""
         return _Unpinned(self)
 
+    async def _run(self, once: Callable[[], Awaitable[T]]) -> T:
+        """Run `once`, retrying what `transient_reason` names; every failure that leaves is a
+        tsoracle error (`gave_up` or `translate` says which)."""
+        try:
+            return await retrying(once, policy=self.retry, transient=self.transient_reason,
+                                  on_retry=self.on_retry)
+        except GaveUp as exc:
+            raise self.gave_up(exc) from None
+        except OracleError:
+            raise
+        except Exception as exc:
+            translated = self.translate(exc)
+            if translated is None:
+                raise
+            raise translated from None
+
+    @abstractmethod
+    def transient_reason(self, exc: BaseException) -> str | None:
+        """The kind of a failure worth retrying (a metrics label), or None."""
+
+    @abstractmethod
+    def gave_up(self, exc: GaveUp) -> OracleError:
+        """The error for a transient failure that outlasted the retry budget."""
+
+    @abstractmethod
+    def translate(self, exc: Exception) -> OracleError | None:
+        """The tsoracle error for a driver error (None: not the driver's, let it through)."""
+
     @abstractmethod
     async def execute_ddl(self, statement: Any) -> None:
         """Run one DDL statement (unprepared), retrying transient failures."""
@@ -108,11 +138,7 @@ class Backend(ABC):
 
 
 def open_backend(url: BackendURL, **kwargs: Any) -> Backend:
-    """Make (not yet open) the backend for a parsed URL."""
-    if url.is_sqlite:
-        from tsoracle.store.sqlite import SqliteBackend
+    """Make (not yet open) the backend for a parsed URL, of the kind its scheme registered."""
+    from tsoracle.store.kinds import backend_class
 
-        return SqliteBackend(url, **kwargs)
-    from tsoracle.store.postgres import PostgresBackend
-
-    return PostgresBackend(url, **kwargs)
+    return backend_class(url)(url, **kwargs)

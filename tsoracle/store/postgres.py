@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping
+from decimal import Decimal
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import psycopg
 import psycopg_pool
 from psycopg import errors as pgerr
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from tsoracle.errors import (
@@ -19,12 +22,99 @@ from tsoracle.errors import (
     OracleUnavailable,
 )
 from tsoracle.store.backend import Backend, Pinned, Rows, Tx
-from tsoracle.store.dialect import PostgresDialect, is_cockroach
+from tsoracle.store.dialect import U64_MAX, Dialect, substitute
 from tsoracle.store.retry import GaveUp, RetryPolicy, retrying
 
 T = TypeVar("T")
+COCKROACH_GC_TTL_S = 600
+# How long a deployment change waits for its table lock before it backs off and tries again.
+LOCK_WAIT_MS = 200
 # Seconds of network silence after which a connection counts as lost (see _network_options).
 NETWORK_TIMEOUT_S = 10
+
+
+def is_cockroach(version: str) -> bool:
+    """Whether `SELECT version()` came from CockroachDB (it speaks PostgreSQL's protocol)."""
+    return version.startswith("CockroachDB") or " CockroachDB " in f" {version} "
+
+
+class PostgresDialect(Dialect):
+    """PostgreSQL and CockroachDB share this shape; `cockroach` toggles the differences.
+
+    Timestamps are NUMERIC(20, 0), which cannot overflow on `+ 1`; a CHECK keeps them within
+    the unsigned 64-bit range.
+    """
+
+    name = "postgresql"
+
+    def __init__(self, schema: str, cockroach: bool = False) -> None:
+        super().__init__(schema)
+        self.cockroach = cockroach
+
+    def render(self, template: str) -> str:
+        return _render(template, self.schema)
+
+    def decode_ts(self, value: Any) -> int:
+        return int(value) if not isinstance(value, Decimal) else int(value.to_integral_value())
+
+    def create_schema(self) -> list[Any]:
+        return [sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
+                .as_string(None)]
+
+    def drop_schema(self) -> Any | None:
+        """Drop the schema if nothing is left in it (PostgreSQL refuses otherwise)."""
+        if self.schema == "public":
+            return None  # a database's default schema is never ours to drop
+        return sql.SQL("DROP SCHEMA IF EXISTS {}").format(
+            sql.Identifier(self.schema)).as_string(None)
+
+    def add_column(self, table: str, column: str, definition: str) -> Any:
+        return self.render(f"ALTER TABLE {{{table}}} ADD COLUMN IF NOT EXISTS {column} "
+                           f"{definition}")
+
+    def lock_rows(self, table: str) -> list[str]:
+        # SHARE ROW EXCLUSIVE waits for and blocks writers (and other lockers like us), not
+        # plain readers. It also waits for VACUUM and ANALYZE, and writers queue behind a
+        # waiting lock: the short lock_timeout gives up (55P03, retried with backoff) rather
+        # than stall every writer behind a long maintenance run. CockroachDB has no LOCK
+        # TABLE: its first-statement retry covers it.
+        if self.cockroach:
+            return []
+        return [f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'",
+                "LOCK TABLE {" + table + "} IN SHARE ROW EXCLUSIVE MODE"]
+
+    def hot_table_options(self, table: str) -> list[tuple[str, Any]]:
+        if not self.cockroach:
+            return []
+        # Every write leaves an MVCC version of its row behind on CockroachDB until GC: a
+        # short TTL keeps reads of a hot row from stepping over hours of them. Automatic
+        # statistics on a table of a few rows only add background scans of the hot rows.
+        return [
+            (f"zone gc.ttlseconds = {COCKROACH_GC_TTL_S}",
+             self.render(f"ALTER TABLE {{{table}}} CONFIGURE ZONE USING gc.ttlseconds = "
+                         f"{COCKROACH_GC_TTL_S}")),
+            ("sql_stats_automatic_collection_enabled = false",
+             self.render(f"ALTER TABLE {{{table}}} SET"
+                         " (sql_stats_automatic_collection_enabled = false)")),
+        ]
+
+    def skipped_options(self) -> str | None:
+        if self.cockroach:
+            return None
+        return ("the server is PostgreSQL, which has no zone configurations or per-table "
+                "automatic statistics switch; CockroachDB's table options "
+                f"(gc.ttlseconds = {COCKROACH_GC_TTL_S}, automatic statistics off) are skipped")
+
+
+@lru_cache(maxsize=1024)
+def _render(template: str, schema: str) -> str:
+    # Identifiers are quoted by psycopg.sql; the result is kept as text because psycopg caches
+    # the parsing of text queries but re-composes a Composed object on every execute.
+    return substitute(
+        template,
+        table=lambda name: sql.Identifier(schema, name).as_string(None),
+        u64=lambda column: f"NUMERIC(20, 0) CHECK ({column} >= 0 AND {column} <= {U64_MAX})",
+    )
 
 
 class _CannotConnect(Exception):
@@ -74,6 +164,7 @@ class _PgPinned(Pinned):
 
 class PostgresBackend(Backend):
     dialect: PostgresDialect
+    pooled = True
 
     def __init__(self, *args: Any, pool_size: int = 10, connect_timeout: float = 5.0,
                  **kwargs: Any) -> None:
@@ -112,7 +203,7 @@ class PostgresBackend(Backend):
                 f"{exc.elapsed:.1f}s ({self._why(exc.last)}); check the network to the server"
             ) from None
         except psycopg.Error as exc:
-            raise self._translate(exc) from None
+            raise (self.translate(exc) or OracleUnavailable(self._why(exc))) from None
         self.dialect = PostgresDialect(self.url.schema, cockroach=is_cockroach(version))
         self.pool = psycopg_pool.AsyncConnectionPool(
             self.url.dsn,
@@ -217,34 +308,28 @@ class PostgresBackend(Backend):
             raise OracleClosed()
         return self.pool
 
-    async def _run(self, once: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await retrying(
-                once, policy=self.retry, transient=transient_reason, on_retry=self.on_retry
+    def transient_reason(self, exc: BaseException) -> str | None:
+        return transient_reason(exc)
+
+    def gave_up(self, exc: GaveUp) -> OracleError:
+        if isinstance(exc.last, psycopg_pool.PoolTimeout) and self._exhausted():
+            return OracleUnavailable(
+                f"no free connection to {self.url.safe} for {exc.elapsed:.1f}s: all "
+                f"{self.pool_size} in the pool stayed busy; open the oracle with a larger "
+                "pool_size or make fewer concurrent calls"
             )
-        except GaveUp as exc:
-            if isinstance(exc.last, psycopg_pool.PoolTimeout) and self._exhausted():
-                raise OracleUnavailable(
-                    f"no free connection to {self.url.safe} for {exc.elapsed:.1f}s: all "
-                    f"{self.pool_size} in the pool stayed busy; open the oracle with a larger "
-                    "pool_size or make fewer concurrent calls"
-                ) from None
-            if transient_reason(exc.last) in CONFLICTS:
-                raise Contended(
-                    f"gave up after {exc.attempts} attempts in {exc.elapsed:.1f}s: each one "
-                    f"conflicted with concurrent transactions on the same rows in "
-                    f"{self.url.safe} ({self._why(exc.last)}); the server is up, the rows are "
-                    "contended: try again when the load is lower, or give calls a longer retry "
-                    "budget (retry=RetryPolicy(timeout=...))"
-                ) from None
-            raise OracleUnavailable(
-                f"backend {self.url.safe} still failing after {exc.attempts} attempts in "
-                f"{exc.elapsed:.1f}s ({self._why(exc.last)}); check that the server is up"
-            ) from None
-        except OracleError:
-            raise
-        except psycopg.Error as exc:
-            raise self._translate(exc) from None
+        if transient_reason(exc.last) in CONFLICTS:
+            return Contended(
+                f"gave up after {exc.attempts} attempts in {exc.elapsed:.1f}s: each one "
+                f"conflicted with concurrent transactions on the same rows in "
+                f"{self.url.safe} ({self._why(exc.last)}); the server is up, the rows are "
+                "contended: try again when the load is lower, or give calls a longer retry "
+                "budget (retry=RetryPolicy(timeout=...))"
+            )
+        return OracleUnavailable(
+            f"backend {self.url.safe} still failing after {exc.attempts} attempts in "
+            f"{exc.elapsed:.1f}s ({self._why(exc.last)}); check that the server is up"
+        )
 
     def _exhausted(self) -> bool:
         """Every connection of a full pool is in use (a pool timeout can also mean that no
@@ -254,7 +339,9 @@ class PostgresBackend(Backend):
         stats = self.pool.get_stats()
         return stats.get("pool_size", 0) >= self.pool_size and stats.get("pool_available", 0) == 0
 
-    def _translate(self, exc: psycopg.Error) -> OracleError:
+    def translate(self, exc: Exception) -> OracleError | None:
+        if not isinstance(exc, psycopg.Error):
+            return None
         if isinstance(exc, psycopg_pool.PoolClosed):
             return OracleClosed()
         if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName):
@@ -303,3 +390,6 @@ def transient_reason(exc: BaseException) -> str | None:
     if isinstance(exc, psycopg.InterfaceError):
         return "connection"
     return None
+
+
+BACKEND = PostgresBackend  # see store/kinds.py

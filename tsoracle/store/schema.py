@@ -1,21 +1,21 @@
-"""Idempotent creation of the schema and tables."""
+"""Creating, upgrading and dropping tables, for whichever floor owns them."""
 
 from __future__ import annotations
 
 import logging
-import secrets
+from collections.abc import Iterable, Sequence
 
 from tsoracle.errors import OracleUnavailable
 from tsoracle.store.backend import Backend
-from tsoracle.store.dialect import ADDED_COLUMNS, ORACLE_TABLES, SEED_DEPLOYMENT
 
 log = logging.getLogger(__name__)
 
 
-async def ensure_schema(backend: Backend, *, implementation: str, fence: str,
-                        owner: str = "") -> None:
-    """Create what is missing; seed the deployment row only if it does not exist yet."""
-    for statement in backend.dialect.ddl():
+async def create(backend: Backend, templates: Iterable[str]) -> None:
+    """Create the schema and then the tables of `templates` (CREATE … IF NOT EXISTS)."""
+    statements = [*backend.dialect.create_schema(),
+                  *(backend.dialect.render(t) for t in templates)]
+    for statement in statements:
         # Two processes racing on CREATE ... IF NOT EXISTS can still collide in the catalog;
         # the loser's second attempt finds the object and does nothing.
         for attempt in range(3):
@@ -25,13 +25,24 @@ async def ensure_schema(backend: Backend, *, implementation: str, fence: str,
             except OracleUnavailable:
                 if attempt == 2:
                     raise
-    await _migrate(backend)
-    await _table_options(backend)
-    await backend.fetch(
-        SEED_DEPLOYMENT,
-        {"implementation": implementation, "fence": fence, "rollout": False,
-         "incarnation": new_incarnation(), "owner": owner},
-    )
+
+
+async def add_columns(backend: Backend, columns: Sequence[tuple[str, str, str]]) -> None:
+    """Add the (table, column, definition) columns that tables from older releases lack."""
+    # Probe first: ALTER TABLE takes the strongest table lock even when it has nothing to do,
+    # and the operator provisions on every reconcile.
+    try:
+        for table in dict.fromkeys(t for t, _, _ in columns):
+            names = ", ".join(c for t, c, _ in columns if t == table)
+            await backend.fetch(f"SELECT {names} FROM {{{table}}} WHERE 1 = 0")
+        return
+    except OracleUnavailable:
+        pass
+    for table, column, definition in columns:
+        try:
+            await backend.execute_ddl(backend.dialect.add_column(table, column, definition))
+        except OracleUnavailable:
+            log.debug("column %s.%s already there", table, column)
 
 
 _explained: set[str] = set()  # reasons already logged by this process
@@ -43,13 +54,14 @@ def _once(key: str, level: int, message: str, *args: object) -> None:
         log.log(level, message, *args)
 
 
-async def _table_options(backend: Backend) -> None:
-    """Set the options a hot table wants on this server; one that is refused (a role without
-    the ZONECONFIG privilege, an older version) is skipped: they tune, they do not decide."""
+async def tune_hot_table(backend: Backend, table: str) -> None:
+    """Set the options a hot table of a few rows wants on this server; one that is refused (a
+    role without the ZONECONFIG privilege, an older version) is skipped: they tune, they do
+    not decide."""
     skipped = backend.dialect.skipped_options()
     if skipped:
         _once(skipped, logging.INFO, skipped)
-    for what, statement in backend.dialect.table_options():
+    for what, statement in backend.dialect.hot_table_options(table):
         try:
             await backend.execute_ddl(statement)
         except OracleUnavailable as exc:
@@ -59,41 +71,20 @@ async def _table_options(backend: Backend) -> None:
                   what, backend.url.safe, exc, statement)
 
 
-def new_incarnation() -> str:
-    """A name for one provisioning of a schema, so that a drop and re-create is told apart."""
-    return secrets.token_hex(8)
-
-
-async def _migrate(backend: Backend) -> None:
-    # Probe first: ALTER TABLE takes the strongest table lock even when it has nothing to do,
-    # and the operator provisions on every reconcile.
-    try:
-        for table in ORACLE_TABLES:
-            columns = ", ".join(c for t, c, _ in ADDED_COLUMNS if t == table)
-            await backend.fetch(f"SELECT {columns} FROM {{{table}}} WHERE 1 = 0")
-        return
-    except OracleUnavailable:
-        pass
-    for statement in backend.dialect.migrations():
-        try:
-            await backend.execute_ddl(statement)
-        except OracleUnavailable:
-            log.debug("migration already applied: %s", statement)
-
-
-async def schema_exists(backend: Backend) -> bool:
-    for table in ORACLE_TABLES:
+async def tables_exist(backend: Backend, tables: Iterable[str]) -> bool:
+    for table in tables:
         if not await backend.table_exists(table):
             return False
     return True
 
 
-async def drop_schema(backend: Backend) -> bool:
-    """Remove tsoracle's tables, then the schema if nothing else is in it (deletionPolicy:
-    Delete). Returns whether the schema itself was dropped; other objects are never touched."""
-    for statement in backend.dialect.drop_ddl():
-        await backend.execute_ddl(statement)
-    statement = backend.dialect.drop_schema_ddl()
+async def drop(backend: Backend, tables: Iterable[str]) -> bool:
+    """Drop `tables`, then the schema if nothing else is in it. Never CASCADE: a schema may
+    hold the user's tables too (a resource may even name `public`). Returns whether the schema
+    itself was dropped; other objects are never touched."""
+    for table in tables:
+        await backend.execute_ddl(backend.dialect.render("DROP TABLE IF EXISTS {" + table + "}"))
+    statement = backend.dialect.drop_schema()
     if statement is None:
         return False
     try:

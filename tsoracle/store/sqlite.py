@@ -3,24 +3,57 @@
 Several processes may share the file: WAL journaling lets readers run beside the writer, every
 write is one atomic statement or a `BEGIN IMMEDIATE` transaction, and `synchronous=FULL`
 makes a reserved timestamp survive power loss, not only a crash.
+
+SQLite has only signed 64-bit integers, so a timestamp `t` is stored as `t - 2**63`: order and
+`+ 1` are preserved and the whole unsigned range fits. One file holds every schema: the schema
+name prefixes the table names.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sqlite3
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from typing import Any, TypeVar
 
 from tsoracle.errors import NotInitialized, OracleClosed, OracleError, OracleUnavailable
 from tsoracle.store.backend import Backend, Rows, Tx
-from tsoracle.store.dialect import SqliteDialect
-from tsoracle.store.retry import GaveUp, retrying
+from tsoracle.store.dialect import Dialect, substitute
+from tsoracle.store.retry import GaveUp
 
 T = TypeVar("T")
 _BUSY_MS = 5000
+
+
+_BIAS = 2**63
+_PARAM_RE = re.compile(r"%\((\w+)\)s")
+
+
+class SqliteDialect(Dialect):
+    name = "sqlite"
+
+    def render(self, template: str) -> str:
+        return _render(template, self.schema)
+
+    def encode_ts(self, ts: int) -> int:
+        return ts - _BIAS
+
+    def decode_ts(self, value: Any) -> int:
+        return int(value) + _BIAS
+
+
+@lru_cache(maxsize=1024)
+def _render(template: str, schema: str) -> str:
+    text = substitute(template,
+                      table=lambda name: '"' + f"{schema}_{name}".replace('"', '""') + '"',
+                      u64=lambda column: "INTEGER")
+    text = _PARAM_RE.sub(r":\1", text)
+    text = text.replace("GREATEST(", "MAX(").replace("::numeric", "")
+    return text.replace(" FOR UPDATE", "")
 
 
 class _SqliteTx(Tx):
@@ -127,29 +160,25 @@ class SqliteBackend(Backend):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, fn, *args)
 
-    async def _run(self, once: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await retrying(
-                once, policy=self.retry, transient=_transient, on_retry=self.on_retry
-            )
-        except GaveUp as exc:
-            raise OracleUnavailable(
-                f"{self.url.safe} stayed locked for {exc.elapsed:.1f}s ({exc.last}); "
-                "another process holds a long write transaction"
-            ) from None
-        except OracleError:
-            raise
-        except sqlite3.Error as exc:
-            if "no such table" in str(exc):
-                raise NotInitialized(
-                    f"{self.url.safe} is not provisioned; run `tsoracle init`"
-                ) from None
-            raise OracleUnavailable(f"SQLite error in {self.url.safe}: {exc}") from None
+    def transient_reason(self, exc: BaseException) -> str | None:
+        if isinstance(exc, sqlite3.OperationalError):
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                return "busy"
+        return None
+
+    def gave_up(self, exc: GaveUp) -> OracleError:
+        return OracleUnavailable(
+            f"{self.url.safe} stayed locked for {exc.elapsed:.1f}s ({exc.last}); "
+            "another process holds a long write transaction"
+        )
+
+    def translate(self, exc: Exception) -> OracleError | None:
+        if not isinstance(exc, sqlite3.Error):
+            return None
+        if "no such table" in str(exc):
+            return NotInitialized(f"{self.url.safe} is not provisioned; run `tsoracle init`")
+        return OracleUnavailable(f"SQLite error in {self.url.safe}: {exc}")
 
 
-def _transient(exc: BaseException) -> str | None:
-    if isinstance(exc, sqlite3.OperationalError):
-        text = str(exc)
-        if "locked" in text or "busy" in text:
-            return "busy"
-    return None
+BACKEND = SqliteBackend  # see store/kinds.py

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
@@ -19,7 +20,6 @@ DEFAULT_SCHEMA = "tsoracle"
 DEFAULT_URL = "sqlite:///tsoracle.db"
 _SECRET_KEYS = {"password", "sslpassword", "passfile", "sslkey", "sslcert"}
 _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_PG_SCHEMES = ("postgresql://", "postgres://", "cockroachdb://")
 # One `key = value` of a libpq key=value DSN: a value is quoted ('…', with \' and \\) or runs
 # to the next blank (a backslash escapes the next character).
 _DSN_ITEM_RE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^\s\\]|\\.)*)")
@@ -44,10 +44,6 @@ class BackendURL:
     # Every secret the location spelled out (a URL may carry a password twice).
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.kind == "sqlite"
-
     def scrub(self, text: str) -> str:
         """Mask the password wherever a driver message might echo it (in any letter case)."""
         for secret in {self.password, *self.secrets}:
@@ -59,19 +55,33 @@ def parse_url(url: str) -> BackendURL:
     """Parse a PostgreSQL URL or key=value DSN, or `sqlite:///path`; `schema` picks the schema."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError("backend URL is empty; pass e.g. sqlite:///tsoracle.db or postgresql://…")
+    from tsoracle.store.kinds import kind_of, schemes  # the registry imports this module
+
     text = url.strip()
-    lowered = text.lower()
-    if lowered.startswith("sqlite:"):
-        return _parse_sqlite(text)
-    if lowered.startswith(_PG_SCHEMES) or ("=" in text and "://" not in text):
-        return _parse_postgres(text)
+    kind = kind_of(text)
+    if kind is not None:
+        return kind.parse(text)
     scheme = text.split("://", 1)[0] if "://" in text else "(none)"
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,20}", scheme):
         scheme = "(unrecognised)"  # never echo what may be a secret
     raise ConfigError(
-        f"unsupported URL scheme {scheme!r}; use postgresql://, postgres://, a key=value DSN "
-        "(host=… dbname=…) or sqlite:///"
+        f"unsupported URL scheme {scheme!r}; use {', '.join(schemes())} or a key=value DSN "
+        "(host=… dbname=…)"
     )
+
+
+def with_schema(url: str, schema: str, *, accept: Callable[[str], bool] | None = None,
+                refusal: str = "") -> str:
+    """`url` addressing `schema`. A URL that names a schema already keeps it if `accept(named)`
+    says so (by default: it is `schema`); otherwise ConfigError, with `refusal` formatted with
+    {named} (the schema the URL names), which tells the user what to change."""
+    if has_schema(url):
+        named = parse_url(url).schema
+        if (accept or (lambda n: n == schema))(named):
+            return url
+        raise ConfigError(refusal.format(named=named) or
+                          f"the URL names schema {named!r}, not {schema!r}")
+    return url_with_schema(url, schema)
 
 
 def url_with_schema(url: str, schema: str) -> str:
@@ -127,7 +137,9 @@ def _replace_all(text: str, needles: list[str], mask: str) -> str:
 
 def _is_url(text: str) -> bool:
     """A URL (sqlite:, postgresql:// …) rather than a libpq key=value DSN."""
-    return text.lower().startswith(("sqlite:", *_PG_SCHEMES))
+    from tsoracle.store.kinds import schemes
+
+    return text.lower().startswith(tuple(schemes()))
 
 
 def _query(text: str) -> str:
@@ -136,7 +148,7 @@ def _query(text: str) -> str:
     return rest.split("?", 1)[1] if "?" in rest else ""
 
 
-def _parse_sqlite(text: str) -> BackendURL:
+def parse_sqlite(text: str) -> BackendURL:
     try:
         parts = urlsplit(text)
     except ValueError:
@@ -151,7 +163,7 @@ def _parse_sqlite(text: str) -> BackendURL:
     return BackendURL("sqlite", os.path.abspath(path), schema, f"sqlite:///{path}")
 
 
-def _parse_postgres(text: str) -> BackendURL:
+def parse_postgres(text: str) -> BackendURL:
     from psycopg import conninfo  # the driver's parser: libpq's own rules
 
     if "://" in text:

@@ -58,7 +58,7 @@ def test_eight_threads_across_six_flips(target, tmp_path):
     def work() -> None:
         try:
             while not stop.is_set():
-                w = client.write_ts()
+                w = client.write_ts().timestamp
                 client.apply_write(w)
                 assert client.read_ts() >= w
                 writes.append(w)
@@ -104,7 +104,7 @@ def test_concurrent_first_calls_open_one_legacy_leader(target, tmp_path):
 
     def first_call() -> None:
         barrier.wait()
-        results.append(client.write_ts())
+        results.append(client.write_ts().timestamp)
 
     threads = [threading.Thread(target=first_call) for _ in range(8)]
     for t in threads:
@@ -126,9 +126,10 @@ def test_an_oracle_closed_elsewhere_is_replaced(tmp_path):
     url = f"sqlite:///{tmp_path / 'c.db'}"
     asyncio.run(tsoracle.init(url, timelines=[TIMELINE]))
     client = OracleClient(url, data_dir=tmp_path / "data", timeline=TIMELINE)
-    first = client.write_ts()
-    client.run(client._oracles[TIMELINE].close())
-    assert client.write_ts() > first
+    first = client.write_ts().timestamp
+    inner = client.run(client.oracle(TIMELINE).current())
+    client.run(inner.close())  # closed under the client, not by it
+    assert client.write_ts().timestamp > first
     client.close()
     with pytest.raises(tsoracle.OracleClosed):
         asyncio.run(client.acall(lambda o: o.read_ts()))

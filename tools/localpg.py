@@ -75,6 +75,10 @@ class LocalPostgres:
         cmd = [str(a) for a in args]
         if self._as_postgres:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
+            if self.base.exists():
+                # Again before every command: another pytest session starting on this machine
+                # makes its temporary root private again (0700), mid-run.
+                self._grant_access()
         # From "/": the server user may not be allowed into the caller's working folder (a
         # checkout under a 0700 temporary or home folder), and pg_ctl changes into it first.
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd="/")

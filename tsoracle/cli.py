@@ -15,6 +15,8 @@ from tsoracle.extras import needs_extra
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.oracle import EPOCH_MILLISECONDS, connect, finish_rollout, flip, init, set_fencing
 from tsoracle.oracle import status as read_status
+from tsoracle.oracle.api import WriteTimestamp
+from tsoracle.oracle.operations import BY_COMMAND
 from tsoracle.store import DEFAULT_URL
 
 URL_HELP = f"backend URL (default: $TSORACLE_URL or {DEFAULT_URL})"
@@ -51,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="machine-readable output")
 
     c = cmd("ts", "run one oracle operation and print the timestamp")
-    c.add_argument("op", choices=["write", "peek", "read", "apply"])
+    c.add_argument("op", choices=list(BY_COMMAND),
+                   help="; ".join(f"{o.command}: {o.help}" for o in BY_COMMAND.values()))
     c.add_argument("ts", nargs="?", type=int, help="the timestamp, for `apply`")
     c.add_argument("--timeline", default=EPOCH_MILLISECONDS)
     c.add_argument("--implementation", choices=IMPLEMENTATIONS,
@@ -146,33 +149,31 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _ts(args: argparse.Namespace) -> int:
-    if args.op == "apply" and args.ts is None:
-        raise errors.ConfigError("`tsoracle ts apply` needs the timestamp: tsoracle ts apply T")
-    if args.op != "apply" and args.ts is not None:
-        raise errors.ConfigError(f"`tsoracle ts {args.op}` takes no timestamp")
+    op = BY_COMMAND[args.op]
+    if op.takes_ts and args.ts is None:
+        raise errors.ConfigError(f"`tsoracle ts {op.command}` needs the timestamp: "
+                                 f"tsoracle ts {op.command} T")
+    if not op.takes_ts and args.ts is not None:
+        raise errors.ConfigError(f"`tsoracle ts {op.command}` takes no timestamp")
     impl = args.implementation
     if impl is None:
         impl = (await read_status(args.url)).deployment.implementation
     if impl == "legacy" and not args.take_leadership:
         hint = ("; `tsoracle status` shows the stored read_ts and write_ts without taking over"
-                if args.op in ("peek", "read") else "")
+                if not op.writes else "")
         raise errors.ConfigError(
             "the legacy implementation serves from its leader's memory: a one-shot command "
             f"would fence the running leader; pass --take-leadership if that is intended{hint}"
         )
     # A legacy oracle is its timeline's leader, so it is never read-only.
-    read_only = args.op in ("peek", "read") and impl != "legacy"
+    read_only = not op.writes and impl != "legacy"
     async with connect(args.url, timeline=args.timeline, implementation=impl,
                        read_only=read_only) as oracle:
-        if args.op == "write":
-            print((await oracle.write_ts()).timestamp)
-        elif args.op == "peek":
-            print(await oracle.peek_write_ts())
-        elif args.op == "read":
-            print(await oracle.read_ts())
-        else:
-            await oracle.apply_write(args.ts)
-            print(await oracle.read_ts())
+        result = await getattr(oracle, op.name)(*([args.ts] if op.takes_ts else []))
+        if isinstance(result, WriteTimestamp):
+            result = result.timestamp
+        # An operation with no answer (apply, confirm) prints where reads stand afterwards.
+        print(result if result is not None else await oracle.read_ts())
     return 0
 
 

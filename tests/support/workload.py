@@ -4,7 +4,8 @@ Run as a script so tests can start several OS processes (`Workload` below does t
     python tests/support/workload.py URL OUT --concurrency 32 [--min-ops N] [--stop-file F]
         [--progress-file F] [--implementation X]
 It stops when it has N operations or when the stop file appears; `--cap` seconds only ends a
-hang. On Fenced (a flip happened) it reopens on the active implementation and goes on.
+hang. On Fenced (a flip happened) it reopens on the active implementation and goes on
+(oracle/reopening.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tools" /
 from history import Op  # noqa: E402
 
 import tsoracle  # noqa: E402
+from tsoracle.oracle.reopening import ReopeningOracle  # noqa: E402
 
 CAP_S = 300.0  # seconds; only a hang reaches it
 
@@ -40,36 +42,22 @@ class Recorder:
         self.implementation = implementation
         self.name = name
         self.ops: list[Op] = []
-        self.fenced = 0
         self.errors = 0
-        self.oracle: tsoracle.TimestampOracle | None = None
-        self._reopen = asyncio.Lock()
-        self._stale: list[tsoracle.TimestampOracle] = []
+        self.gave_up = 0  # calls that stayed fenced through every reopening
+        self.oracle = ReopeningOracle(
+            lambda: tsoracle.open_oracle(url, timeline=timeline, implementation=implementation),
+            name=timeline, take_over=True)  # two recorders may share a legacy timeline
         self.capped = False
 
-    async def current(self) -> tsoracle.TimestampOracle:
-        if self.oracle is None:
-            async with self._reopen:
-                if self.oracle is None:
-                    self.oracle = await tsoracle.open_oracle(
-                        self.url, timeline=self.timeline, implementation=self.implementation)
-        return self.oracle
-
-    async def fenced_out(self, stale: tsoracle.TimestampOracle) -> None:
-        self.fenced += 1
-        async with self._reopen:
-            if self.oracle is stale:
-                self.oracle = None
-                self._stale.append(stale)  # callers may still hold it; close at the end
+    @property
+    def fenced(self) -> int:
+        """How often a flip or take-over fenced this recorder's oracle (each time reopened)."""
+        return self.oracle.reopens + self.gave_up
 
     async def caller(self, done: Callable[[], bool], seed: int) -> None:
         rng = random.Random(seed)
+        oracle = self.oracle
         while not done():
-            try:
-                oracle = await self.current()
-            except tsoracle.Fenced:
-                await asyncio.sleep(0.01)  # a flip is mid-way; try again
-                continue
             try:
                 roll = rng.random()
                 start = time.monotonic_ns()
@@ -88,7 +76,8 @@ class Recorder:
                     r = await oracle.read_ts()
                     self.ops.append(Op("read", start, time.monotonic_ns(), r, self.name))
             except tsoracle.Fenced:
-                await self.fenced_out(oracle)
+                self.gave_up += 1  # the implementation asked for is not active: wait for it
+                await asyncio.sleep(0.01)
             except tsoracle.OracleUnavailable:
                 self.errors += 1
 
@@ -109,9 +98,7 @@ class Recorder:
             return False
 
         await asyncio.gather(*[self.caller(done, i) for i in range(concurrency)])
-        for oracle in [*self._stale, self.oracle]:
-            if oracle is not None:
-                await oracle.close()
+        await self.oracle.close()
 
 
 def write_history(ops: list[Op], out: Path) -> None:

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
+import functools
 import hashlib
 import json
 import os
@@ -59,6 +61,7 @@ from netns import NamespaceUnavailable, NetNamespace  # noqa: E402
 from pgfaults import LossyRelay, SerializationFaults  # noqa: E402
 
 import tsoracle  # noqa: E402
+from tsoracle.oracle.reopening import ReopeningOracle  # noqa: E402
 
 SCENARIOS = ("none", "postgres", "async-commit-crash", "client-kill", "pause", "flips", "clock",
              "partition", "takeovers", "fencing-modes", "reprovision", "spark-client",
@@ -169,8 +172,6 @@ async def worker(args: argparse.Namespace) -> None:
         offset = state["clock_offset_ms"] if args.clock_skew else 0
         return time.time_ns() // 1_000_000 + offset
 
-    oracles: dict[str, tsoracle.TimestampOracle] = {}
-    locks = {tl: asyncio.Lock() for tl in TIMELINES}
     deadline = time.monotonic() + args.cap  # only if the orchestrator died
     stats = {"ok": 0, "failed": 0}
 
@@ -187,77 +188,77 @@ async def worker(args: argparse.Namespace) -> None:
             return tl
         return f"{tl}@{o.deployment.incarnation if o is not None else 'unknown'}"
 
-    async def get(tl: str, client: int) -> tsoracle.TimestampOracle:
-        async with locks[tl]:
-            if tl not in oracles:
-                impl = state["implementation"]
-                if impl == "legacy" and state["leader"] != args.proc:
-                    raise Standby
-                if impl == "legacy":
-                    # Re-keyed runs learn the incarnation only from the open: the call line is
-                    # written after it, with the time the take-over started.
-                    t0 = time.monotonic_ns()
-                    op = None if args.by_incarnation else rec.call(client, tl, "reset")
-                    try:
-                        o = await tsoracle.open_oracle(url, timeline=tl, implementation=impl,
-                                                       now=clock, **extra)
-                    except tsoracle.OracleError:
-                        op = op or rec.call(client, key(tl), "reset", t=t0)
-                        rec.ret(op, False)  # the take-over may have happened
-                        raise
-                    op = op or rec.call(client, key(tl, o), "reset", t=t0)
-                    rec.ret(op, True, o.resumed_at)  # type: ignore[attr-defined]
-                else:
-                    o = await tsoracle.open_oracle(url, timeline=tl, implementation=impl,
-                                                   now=clock, **extra)
-                oracles[tl] = o
-            return oracles[tl]
+    caller: contextvars.ContextVar[int] = contextvars.ContextVar("caller", default=0)
 
-    async def drop(tl: str, o: tsoracle.TimestampOracle) -> None:
-        async with locks[tl]:
-            if oracles.get(tl) is not o:
-                return
-            del oracles[tl]
-        await o.close()  # outside the lock: it waits for the oracle's operations in flight
+    async def open_timeline(tl: str) -> tsoracle.TimestampOracle:
+        """What the wrapper calls after a fence: only the designated worker leads legacy."""
+        impl = state["implementation"]
+        if impl == "legacy" and state["leader"] != args.proc:
+            raise Standby
+        if impl != "legacy":
+            return await tsoracle.open_oracle(url, timeline=tl, implementation=impl,
+                                              now=clock, **extra)
+        # A take-over, recorded. Re-keyed runs learn the incarnation only from the open: the
+        # call line is written after it, with the time the take-over started.
+        client, t0 = caller.get(), time.monotonic_ns()
+        op = None if args.by_incarnation else rec.call(client, tl, "reset")
+        try:
+            o = await tsoracle.open_oracle(url, timeline=tl, implementation=impl, now=clock,
+                                           **extra)
+        except tsoracle.OracleError:
+            op = op or rec.call(client, key(tl), "reset", t=t0)
+            rec.ret(op, False)  # the take-over may have happened
+            raise
+        op = op or rec.call(client, key(tl, o), "reset", t=t0)
+        rec.ret(op, True, o.resumed_at)  # type: ignore[attr-defined]
+        return o
+
+    # One reopening oracle per timeline (oracle/reopening.py): a fenced call is recorded as
+    # failed on the oracle that refused it and runs again, recorded anew, on the reopened one.
+    oracles = {tl: ReopeningOracle(functools.partial(open_timeline, tl), name=tl,
+                                   take_over=True) for tl in TIMELINES}
+
+    async def recorded(o: tsoracle.TimestampOracle, cid: int, tl: str, name: str,
+                       arg: int | None = None) -> int:
+        if name != "write" and name != "apply" and state["relaxed"] \
+                and o.implementation == "legacy":
+            name = "stale-read"  # Disabled: a superseded leader may answer stale
+        op = rec.call(cid, key(tl, o), name, arg)
+        try:
+            if name == "write":
+                value = (await o.write_ts()).timestamp
+            elif name == "apply":
+                assert arg is not None
+                await o.apply_write(arg)
+                value = 0
+            elif name == "peek":
+                value = await o.peek_write_ts()
+            else:  # read, stale-read
+                value = await o.read_ts()
+        except tsoracle.OracleError:
+            rec.ret(op, False)
+            raise
+        rec.ret(op, True, value)
+        return value
 
     async def client(cid: int) -> None:
+        caller.set(cid)
         rng = random.Random(cid)
         while not state["stop"] and time.monotonic() < deadline:
             tl = rng.choice(TIMELINES)
+            roll = rng.random()
+            name = "write" if roll < 0.4 else "peek" if roll < 0.5 else "read"
+            oracle = oracles[tl]
             try:
-                o = await get(tl, cid)
+                value = await oracle.call(functools.partial(recorded, cid=cid, tl=tl, name=name))
+                if name == "write" and rng.random() < 0.7:
+                    await asyncio.sleep(rng.random() * 0.002)
+                    await oracle.call(functools.partial(recorded, cid=cid, tl=tl,
+                                                        name="apply", arg=value))
+                stats["ok"] += 1
             except Standby:
                 await asyncio.sleep(0.05)
-                continue
             except tsoracle.OracleError:
-                await asyncio.sleep(0.05 + rng.random() * 0.2)
-                continue
-            roll = rng.random()
-            op_name = "write" if roll < 0.4 else "peek" if roll < 0.5 else "read"
-            relaxed = state["relaxed"] and o.implementation == "legacy"
-            if relaxed and op_name != "write":
-                op_name = "stale-read"  # Disabled: a superseded leader may answer stale
-            op = rec.call(cid, key(tl, o), op_name)
-            try:
-                if op_name == "write":
-                    w = (await o.write_ts()).timestamp
-                    rec.ret(op, True, w)
-                    if rng.random() < 0.7:
-                        await asyncio.sleep(rng.random() * 0.002)
-                        op = rec.call(cid, key(tl, o), "apply", w)
-                        await o.apply_write(w)
-                        rec.ret(op, True, 0)
-                elif op_name == "peek":
-                    rec.ret(op, True, await o.peek_write_ts())
-                else:  # read, stale-read
-                    rec.ret(op, True, await o.read_ts())
-                stats["ok"] += 1
-            except tsoracle.Fenced:
-                rec.ret(op, False)
-                stats["failed"] += 1
-                await drop(tl, o)  # a deposed leader stops; it serves again only if designated
-            except tsoracle.OracleError:
-                rec.ret(op, False)
                 stats["failed"] += 1
                 await asyncio.sleep(0.01)
 
@@ -275,7 +276,7 @@ async def worker(args: argparse.Namespace) -> None:
     follower = loop.create_task(follow())
     await asyncio.gather(*[client(args.proc * 100 + i) for i in range(args.clients)])
     follower.cancel()
-    for o in list(oracles.values()):
+    for o in oracles.values():
         await o.close()
     from tsoracle.oracle.metrics import RETRIES
 
@@ -306,7 +307,7 @@ def spark_worker(args: argparse.Namespace) -> None:
             op = rec.call(cid, tl, op_name)
             try:
                 if op_name == "write":
-                    w = client.write_ts(tl)
+                    w = client.write_ts(tl).timestamp
                     rec.ret(op, True, w)
                     op = rec.call(cid, tl, "apply", w)
                     client.apply_write(w, tl)

@@ -20,7 +20,9 @@ from prometheus_client.core import (
     Metric,
 )
 
-OPERATIONS = ("write_ts", "peek_write_ts", "read_ts", "apply_write", "confirm_leadership")
+from tsoracle.oracle.operations import NAMES
+
+OPERATIONS = NAMES  # oracle/operations.py declares them
 LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
     0.5, 1.0, 2.5, 5.0, 10.0,

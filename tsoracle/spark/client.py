@@ -15,11 +15,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from tsoracle.errors import ConfigError, Fenced, LeadershipLost, OracleClosed
+from tsoracle.errors import ConfigError, OracleClosed
 from tsoracle.extras import needs_extra
 from tsoracle.fencing import read_deployment
 from tsoracle.oracle import TimestampOracle, open_oracle, parse_timeline
+from tsoracle.oracle.api import WriteTimestamp
 from tsoracle.oracle.connect import open_instrumented_backend
+from tsoracle.oracle.reopening import ReopeningOracle
 from tsoracle.oracle.sync import LoopThread
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
 from tsoracle.spark import catalog
@@ -28,7 +30,6 @@ from tsoracle.store import Backend, RetryPolicy
 
 T = TypeVar("T")
 log = logging.getLogger("tsoracle.spark")
-MAX_REOPENS = 10
 
 
 class OracleClient:
@@ -42,14 +43,10 @@ class OracleClient:
         self._fencing = fencing
         self._retry = retry  # how long each call retries a failing database
         self._runner = LoopThread()
-        self._oracles: dict[str, TimestampOracle] = {}
-        self._opening: dict[str, asyncio.Task[TimestampOracle]] = {}  # one open per timeline
-        self._retiring: set[asyncio.Task[None]] = set()  # fenced oracles draining to close
+        self._oracles: dict[str, ReopeningOracle] = {}
         self._shut = False
         self._closed_cache: dict[str, tuple[float, int]] = {}
-        self.reopens = 0
         self.committers: list[Any] = []  # the tables' group committers (see close)
-        self._lost: dict[str, LeadershipLost] = {}  # legacy timelines another driver took
         self.backend: Backend = self._runner.run(self._open_catalog())
 
     async def _open_catalog(self) -> Backend:
@@ -104,7 +101,7 @@ class OracleClient:
         self.resource_implementation = status["activeImplementation"]
         return self
 
-    # --- oracle calls, with reopen on Fenced -------------------------------------------------
+    # --- oracle calls, with reopen on Fenced (oracle/reopening.py) ----------------------------
 
     def call(self, fn: Callable[[TimestampOracle], Awaitable[T]],
              timeline: str | None = None) -> T:
@@ -112,87 +109,43 @@ class OracleClient:
 
     async def acall(self, fn: Callable[[TimestampOracle], Awaitable[T]],
                     timeline: str | None = None) -> T:
+        return await self.oracle(timeline).call(fn)
+
+    def oracle(self, timeline: str | None = None) -> ReopeningOracle:
+        """The timeline's oracle, reopened on the active implementation after each flip."""
         name = timeline or self.default_timeline
-        for _ in range(MAX_REOPENS):
-            oracle = await self._oracle(name)
-            try:
-                return await fn(oracle)
-            except LeadershipLost as exc:
-                # Another driver took this legacy timeline over. Taking it back would fence
-                # that driver in turn, and every take-over jumps a reservation window ahead.
-                self._retire(name, oracle, exc)
-                self._lost[name] = LeadershipLost(
-                    f"another process leads the legacy timeline {name!r}; the legacy "
-                    "implementation serves one process per timeline, so several Spark drivers "
-                    "need the distributed one (spec.implementation: distributed, or "
-                    "`tsoracle flip distributed`); a new OracleClient may take it over")
-                raise self._lost[name] from None
-            except Fenced as exc:
-                self._retire(name, oracle, exc)
-            except OracleClosed:
-                if self._shut:
-                    raise
-                # Retired (another caller saw Fenced) between our lookup and our call: nothing
-                # was served by it. If it is still registered, something else closed it: forget
-                # it, so the next attempt opens a fresh one instead of retrying a dead oracle.
-                if self._oracles.get(name) is oracle:
-                    del self._oracles[name]
-                await asyncio.sleep(0)
-        raise Fenced(f"the oracle for {name!r} kept moving during {MAX_REOPENS} reopenings")
+        found = self._oracles.get(name)
+        if found is None:
+            if self._shut:
+                raise OracleClosed("this client is closed; create a new OracleClient")
+            found = ReopeningOracle(
+                lambda: open_oracle(self.url, timeline=name, implementation=None,
+                                    fencing=self._fencing, retry=self._retry),
+                name=name, still_lost=self._legacy_active)
+            self._oracles[name] = found
+        return found
 
-    async def _oracle(self, timeline: str) -> TimestampOracle:
-        if self._shut:
-            raise OracleClosed("this client is closed; create a new OracleClient")
-        lost = self._lost.get(timeline)
-        if lost is not None:
-            if (await read_deployment(self.backend)).implementation == "legacy":
-                raise lost
-            del self._lost[timeline]  # flipped to distributed since: every driver may serve
-        oracle = self._oracles.get(timeline)
-        if oracle is not None:
-            return oracle
-        # Single flight: concurrent first calls share one open (eight opens of a legacy
-        # timeline would be eight leaders fencing each other).
-        task = self._opening.get(timeline)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._open(timeline))
-            self._opening[timeline] = task
-            task.add_done_callback(lambda _t: self._opening.pop(timeline, None))
-        return await asyncio.shield(task)
+    async def _legacy_active(self) -> bool:
+        return (await read_deployment(self.backend)).implementation == "legacy"
 
-    async def _open(self, timeline: str) -> TimestampOracle:
-        for attempt in range(MAX_REOPENS):
-            try:
-                oracle = await open_oracle(self.url, timeline=timeline, implementation=None,
-                                           fencing=self._fencing, retry=self._retry)
-                break
-            except Fenced:  # a flip landed between reading and opening: read again
-                await asyncio.sleep(0.01 * (attempt + 1))
-        else:
-            raise Fenced(f"could not open the oracle for {timeline!r}: it keeps flipping")
-        self._oracles[timeline] = oracle
-        return oracle
-
-    def _retire(self, timeline: str, oracle: TimestampOracle, exc: Fenced) -> None:
-        """Stop handing out a fenced oracle; close it once its calls in flight are done."""
-        if self._oracles.get(timeline) is not oracle:
-            return
-        del self._oracles[timeline]
-        self.reopens += 1
-        log.info("oracle for %s fenced (%s); reopening on the active implementation",
-                 timeline, exc)
-        task = asyncio.get_running_loop().create_task(oracle.close())
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
+    @property
+    def reopens(self) -> int:
+        return sum(o.reopens for o in self._oracles.values())
 
     def read_ts(self, timeline: str | None = None) -> int:
-        return self.call(lambda o: o.read_ts(), timeline)
+        return self.run(self.oracle(timeline).read_ts())
 
-    def write_ts(self, timeline: str | None = None) -> int:
-        return self.call(lambda o: o.write_ts(), timeline).timestamp
+    def write_ts(self, timeline: str | None = None) -> WriteTimestamp:
+        return self.run(self.oracle(timeline).write_ts())
+
+    def peek_write_ts(self, timeline: str | None = None) -> int:
+        return self.run(self.oracle(timeline).peek_write_ts())
 
     def apply_write(self, ts: int, timeline: str | None = None) -> None:
-        self.call(lambda o: o.apply_write(ts), timeline)
+        self.run(self.oracle(timeline).apply_write(ts))
+
+    def confirm_leadership(self, timeline: str | None = None) -> None:
+        self.run(self.oracle(timeline).confirm_leadership())
 
     def epoch(self, timeline: str | None = None) -> int:
         return self.call(lambda o: _epoch(o), timeline)
@@ -246,11 +199,8 @@ class OracleClient:
             await asyncio.gather(*(c.idle(timeout=5.0) for c in self.committers),
                                  return_exceptions=True)
             self._shut = True
-            await asyncio.gather(*self._opening.values(), return_exceptions=True)
-            oracles, self._oracles = list(self._oracles.values()), {}
-            for oracle in oracles:
+            for oracle in list(self._oracles.values()):
                 await oracle.close()
-            await asyncio.gather(*self._retiring, return_exceptions=True)
             await self.backend.close()
 
         try:

@@ -1,4 +1,5 @@
-"""The oracle contract (GUIDE section 4), run against every implementation and backend."""
+"""The oracle contract (docs/design.md, "What an oracle promises"), run against every
+implementation and backend."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fencing: the stale-leader anomaly of seed 000, flips under load, fencing modes."""
+"""Fencing: the stale-leader anomaly (docs/design.md), flips under load, fencing modes."""
 
 from __future__ import annotations
 

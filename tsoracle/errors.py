@@ -74,9 +74,22 @@ class ReadOnly(OracleError):
 class ClockSkew(OracleError):
     """A write timestamp would run further ahead of the wall clock than allowed."""
 
+    @classmethod
+    def ahead(cls, timeline: str, ts: int, now: int, allowed_ms: int) -> ClockSkew:
+        return cls(
+            f"timeline {timeline!r} would hand out {ts}, {ts - now} ms ahead of this "
+            f"process's wall clock, more than the allowed {allowed_ms} ms; check the clocks "
+            "of the writers, or raise max_clock_skew_ms"
+        )
+
 
 class TimestampExhausted(OracleError):
     """The timeline reached the largest representable timestamp."""
+
+    @classmethod
+    def at_end(cls, timeline: str) -> TimestampExhausted:
+        return cls(f"timeline {timeline!r} reached the largest timestamp (2**64 - 1); "
+                   "start a new timeline")
 
 
 class MissingExtra(ConfigError):

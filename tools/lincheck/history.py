@@ -1,4 +1,4 @@
-"""Recorded oracle histories and the invariant checks of GUIDE section 4.
+"""Recorded oracle histories and the invariant checks of the contract (docs/design.md).
 
 Times are CLOCK_MONOTONIC nanoseconds, which all processes on one host share. An operation that
 raised is not recorded: it may have allocated a timestamp (a gap), never a duplicate.

@@ -125,12 +125,5 @@ class DistributedOracle(TimestampOracle):
         if not ok:
             return superseded(self.deployment, await read_deployment(self.backend), "distributed")
         if current >= U64_MAX:
-            return TimestampExhausted(
-                f"timeline {self.timeline.name!r} reached the largest timestamp (2**64 - 1); "
-                "start a new timeline"
-            )
-        return ClockSkew(
-            f"timeline {self.timeline.name!r} is at {current}, {current + 1 - now} ms ahead of "
-            f"this process's wall clock, more than the allowed {self.max_clock_skew_ms} ms; "
-            "check the clocks of the writers, or raise max_clock_skew_ms"
-        )
+            return TimestampExhausted.at_end(self.timeline.name)
+        return ClockSkew.ahead(self.timeline.name, current + 1, now, self.max_clock_skew_ms or 0)

@@ -56,16 +56,10 @@ class LegacyOracle(TimestampOracle):
             now = self.now() if self.timeline.wall_clock else 0
             nxt = max(self._write + 1, now)
             if nxt > U64_MAX:
-                raise TimestampExhausted(
-                    f"timeline {self.timeline.name!r} reached the largest timestamp"
-                )
+                raise TimestampExhausted.at_end(self.timeline.name)
             if self.timeline.wall_clock and self.max_clock_skew_ms is not None \
                     and nxt > now + self.max_clock_skew_ms:
-                raise ClockSkew(
-                    f"timeline {self.timeline.name!r} would hand out {nxt}, "
-                    f"{nxt - now} ms ahead of the wall clock (allowed: "
-                    f"{self.max_clock_skew_ms} ms); check the writers' clocks"
-                )
+                raise ClockSkew.ahead(self.timeline.name, nxt, now, self.max_clock_skew_ms)
             if nxt <= self._upper:
                 self._write = nxt  # no await since computing nxt: allocation is atomic
                 break

@@ -85,12 +85,6 @@ class Family:
     def set(self, labels: tuple[str, ...], value: float) -> None:
         self._gauges[labels] = value  # one dict store: atomic under the GIL
 
-    def value(self, *values: str) -> float:
-        """Sum of a counter's children for one label set (tests and benchmarks read this)."""
-        key = tuple(values)
-        with self._lock:
-            return sum(c.value for k, c in self._children if k == key)
-
     def total(self, **match: str) -> float:
         """Sum of a counter's children whose labels match `match`."""
         idx = {name: self.labelnames.index(name) for name in match}

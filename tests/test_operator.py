@@ -181,7 +181,7 @@ def test_operator_restart_mid_flip_finishes_it_exactly_once(kube, chart, databas
     ns = kube.new_namespace("crash")
     kube.backend_secret(ns, "oracle-db", database)
     crashing = Operator(chart.kubeconfig, ns, tmp_path / "op1.log",
-                        env={"TSORACLE_OPERATOR_FAULT": "exit-after-flip"}).start()
+                        crash_after_flip=True).start()
     try:
         kube.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
         kube.wait_tso(ns, "orders", is_ready)
@@ -240,7 +240,7 @@ def test_spark_client_discovers_the_oracle_through_the_resource(kube, oracle_ns,
                                         timeline="counter:orders")
     try:
         assert client.resource_implementation == "distributed" and client.resource_epoch == 1
-        w = client.write_ts()
+        w = client.write_ts().timestamp
         client.apply_write(w)
         assert client.read_ts() == w
         kube.kubectl("-n", ns, "patch", "tso", "orders", "--type", "merge", "-p",

@@ -107,11 +107,13 @@ class Operator:
 
     def __init__(self, kubeconfig: Path, namespace: str, log: Path,
                  env: dict[str, str] | None = None,
-                 lease: tuple[str, str] | None = None) -> None:
+                 lease: tuple[str, str] | None = None, crash_after_flip: bool = False) -> None:
         """`lease`: (namespace, name) of the Lease to hold; without it the operator runs alone
-        (tests run many operators side by side, each watching its own namespace)."""
+        (tests run many operators side by side, each watching its own namespace).
+        `crash_after_flip`: run tests/support/crashing_operator.py instead."""
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
         self.extra_env = env or {}
+        self.crash_after_flip = crash_after_flip
         self.lease = lease
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = free_port()
@@ -121,7 +123,9 @@ class Operator:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tsoracle.cli", "operator", "--namespace",
+                [sys.executable, *(["-m", "tsoracle.cli"] if not self.crash_after_flip
+                                   else [str(Path(__file__).with_name("crashing_operator.py"))]),
+                 "operator", "--namespace",
                  self.namespace, "--liveness-port", str(self.liveness_port), "--metrics-port",
                  str(self.metrics_port), "--bind", "127.0.0.1",
                  *(["--lease-namespace", self.lease[0], "--lease-name", self.lease[1]]

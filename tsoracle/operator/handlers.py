@@ -24,7 +24,13 @@ from tsoracle.fencing import IMPLEMENTATIONS, finish_rollout, set_fencing
 from tsoracle.operator import metrics
 from tsoracle.operator.kube import patch_status, read_secret_url
 from tsoracle.operator.lease import LeaderLease
-from tsoracle.operator.model import Observation, status_patch
+from tsoracle.operator.model import (
+    TIME_FORMAT,
+    Observation,
+    needs_provisioning,
+    plan,
+    status_patch,
+)
 from tsoracle.operator.ownership import Owner, OwnershipProblem, check_ownership
 from tsoracle.operator.redact import redact, redact_addresses
 from tsoracle.oracle.api import wall_clock_ms
@@ -50,7 +56,6 @@ from tsoracle.resource import (
 from tsoracle.store import Backend, parse_url
 
 RETRY_SECONDS = 5.0
-FAULT_ENV = "TSORACLE_OPERATOR_FAULT"  # test-only fault injection: "exit-after-flip"
 LEASE_NAMESPACE_ENV, LEASE_NAME_ENV = "TSORACLE_LEASE_NAMESPACE", "TSORACLE_LEASE_NAME"
 OPERATOR_POOL_SIZE = 4  # per database, shared by every resource that uses it
 log = logging.getLogger("tsoracle.operator")
@@ -150,7 +155,7 @@ async def shut_down(**_: Any) -> None:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime(TIME_FORMAT)
 
 
 def _jitter(delay: float) -> float:
@@ -227,43 +232,37 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body) -> float:
         backend = await BACKENDS.get(f"{namespace}/{name}", url)
         found = await find_deployment(backend)
         check_ownership(found, owner, spec.schema, old_status)
-        if found is None or not await _has_timelines(backend, spec.timelines):
+        has_timelines = found is not None and await _has_timelines(backend, spec.timelines)
+        if needs_provisioning(found, has_timelines):
             await provision(backend, spec.timelines, implementation=spec.implementation,
                             owner=owner.tag)
         dep = await claim(backend, owner.tag)
         check_ownership(dep, owner, spec.schema, {})  # another resource seeded it first
         obs.provisioned = True
-        if dep.fence != spec.fencing:
+        todo = plan(spec, dep, old_status, dt.datetime.now(dt.UTC))
+        if todo.set_fencing:
             dep = await set_fencing(backend, spec.fencing, generation=generation)
         flipped = None
-        if dep.implementation != spec.implementation:
+        if todo.flip_to is not None:
             t0 = time.perf_counter()
-            flipped = await flip_backend(backend, spec.implementation, generation=generation)
+            flipped = await flip_backend(backend, todo.flip_to, generation=generation)
             if flipped.changed:
                 metrics.FLIP_SECONDS.observe(time.perf_counter() - t0)
-                metrics.FLIPS.labels(spec.implementation).inc()
-                if os.environ.get(FAULT_ENV) == "exit-after-flip":
-                    os._exit(3)  # simulate a crash between the flip and its publication
+                metrics.FLIPS.labels(todo.flip_to).inc()
             elif flipped.stale:
                 log.info("%s/%s: generation %d is older than the one the backend applied; "
                          "left as it is", namespace, name, generation)
-        status = await read_status(backend, wall_clock_ms)
-        now_dep = status.deployment
-        published = int(old_status.get("epoch") or 0)
         if flipped is not None and flipped.changed:
             _flipped_event(body, flipped.previous, flipped.implementation, flipped.epoch,
                            flipped.bootstrap, obs, extra)
-        elif (published and now_dep.epoch > published
-              and old_status.get("activeImplementation") not in (None, now_dep.implementation)):
-            # A flip committed but was never published (the operator died in between). Flips
-            # only ever change the implementation, so it came from the other one.
-            position = await flip_backend(backend, now_dep.implementation)
-            previous = next(i for i in IMPLEMENTATIONS if i != now_dep.implementation)
-            _flipped_event(body, previous, now_dep.implementation, now_dep.epoch,
+        elif todo.resume_flip:
+            position = await flip_backend(backend, dep.implementation)
+            previous = next(i for i in IMPLEMENTATIONS if i != dep.implementation)
+            _flipped_event(body, previous, dep.implementation, dep.epoch,
                            position.bootstrap, obs, extra)
-        elif now_dep.rollout and _rollout_over(old_status, spec):
+        elif todo.finish_rollout:
             await finish_rollout(backend)
-            status = await read_status(backend, wall_clock_ms)
+        status = await read_status(backend, wall_clock_ms)
         obs.status = status
         obs.rollout = status.deployment.rollout
     except (SecretProblem, OwnershipProblem) as exc:
@@ -309,14 +308,6 @@ def _degraded_reason(status: dict[str, Any]) -> str:
         if c.get("type") == "Degraded" and c.get("status") == "True":
             return str(c.get("reason") or "")
     return ""
-
-
-def _rollout_over(old_status: dict[str, Any], spec: OracleSpec) -> bool:
-    since = old_status.get("lastFlipTime")
-    if not since:
-        return True
-    flipped = dt.datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    return (dt.datetime.now(dt.UTC) - flipped).total_seconds() >= spec.rollout_window_s
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

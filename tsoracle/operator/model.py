@@ -1,15 +1,64 @@
-"""The TimestampOracle resource as data: spec parsing, conditions and status, all pure."""
+"""What a reconcile pass decides and publishes, as pure functions of what it observed: the
+plan (`plan`), the conditions and the status patch. The handler only performs them."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tsoracle.fencing import Deployment
 from tsoracle.oracle.status import Status
 from tsoracle.resource import OracleSpec
 
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
 CONDITION_TYPES = ("Ready", "Provisioned", "RolloutInProgress", "Degraded")
+
+
+def needs_provisioning(found: Deployment | None, has_timelines: bool) -> bool:
+    return found is None or not has_timelines
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one pass does to a provisioned deployment, in this order. `resume_flip` and
+    `finish_rollout` apply only when the flip (if any) changed nothing."""
+
+    set_fencing: bool = False
+    flip_to: str | None = None
+    # A flip committed but never published (the operator died in between): report it.
+    resume_flip: bool = False
+    finish_rollout: bool = False
+
+
+def plan(spec: OracleSpec, dep: Deployment, old_status: Mapping[str, Any],
+         now: dt.datetime) -> Plan:
+    """Decide a pass from the spec, the deployment as found, the status last published and the
+    time."""
+    set_fencing = dep.fence != spec.fencing
+    # Leaving Rollout mode ends a rollout (set_fencing clears the flag).
+    rollout = dep.rollout and (not set_fencing or spec.fencing == "Rollout")
+    published = int(old_status.get("epoch") or 0)
+    # Flips only ever change the implementation: a newer epoch than the one published, with
+    # another implementation than the one published, is a flip nobody reported.
+    unreported = bool(published) and dep.epoch > published \
+        and old_status.get("activeImplementation") not in (None, dep.implementation)
+    return Plan(
+        set_fencing=set_fencing,
+        flip_to=spec.implementation if dep.implementation != spec.implementation else None,
+        resume_flip=unreported,
+        finish_rollout=not unreported and rollout and rollout_over(old_status, spec, now),
+    )
+
+
+def rollout_over(old_status: Mapping[str, Any], spec: OracleSpec, now: dt.datetime) -> bool:
+    since = old_status.get("lastFlipTime")
+    if not since:
+        return True
+    flipped = dt.datetime.strptime(since, TIME_FORMAT).replace(tzinfo=dt.UTC)
+    return (now - flipped).total_seconds() >= spec.rollout_window_s
 
 
 @dataclass(frozen=True)

@@ -332,3 +332,24 @@ async def test_tables_from_before_incarnations_are_migrated(url):
     await tsoracle.init(url, timelines=[COUNTER])  # what an upgrade's first init/reconcile does
     async with tsoracle.connect(url, timeline=COUNTER) as oracle:
         assert (await oracle.write_ts()).timestamp == 1
+
+
+async def test_a_reopening_client_does_not_carry_a_timestamp_into_a_new_deployment(url, impl):
+    # A flip is retried unseen; a drop and re-provision is not: the old timestamp belongs to the
+    # old deployment (an apply_write carried over would move the new timeline's reads).
+    from tsoracle.oracle.connect import admin_backend
+    from tsoracle.oracle.provision import drop_deployment
+    from tsoracle.oracle.reopening import ReopeningOracle
+
+    await tsoracle.init(url, timelines=[COUNTER], implementation=impl)
+    client = ReopeningOracle(lambda: tsoracle.open_oracle(url, timeline=COUNTER,
+                                                          implementation=None), name=COUNTER)
+    old = (await client.write_ts()).timestamp
+    async with admin_backend(url) as backend:
+        await drop_deployment(backend)
+    await tsoracle.init(url, timelines=[COUNTER], implementation=impl)
+    with pytest.raises(tsoracle.Reprovisioned):
+        for _ in range(3):  # a legacy leader may answer from its window until it confirms
+            await client.apply_write(old)
+    assert (await client.read_ts()) < old  # nothing carried over; the client serves again
+    await client.close()

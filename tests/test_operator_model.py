@@ -69,8 +69,9 @@ def test_a_rollout_ends_when_its_window_has_passed(flipped_s_ago, over):
 
 def test_leaving_rollout_mode_ends_the_rollout_without_a_separate_step():
     spec = parse_spec({"backend": {"urlSecretRef": {"name": "db"}}, "fencing": "Always"})
-    todo = plan(spec, dep(rollout=True), status(), NOW)
-    assert todo.set_fencing and not todo.finish_rollout
+    assert plan(spec, dep(rollout=True), status(), NOW).set_fencing
+    # The handler plans again from what set_fencing returned: the flag is already cleared.
+    assert plan(spec, dep(fence="Always", rollout=False), status(), NOW) == Plan()
 
 
 @pytest.mark.parametrize(("spec", "names"), [

@@ -55,6 +55,11 @@ class LeadershipLost(Fenced):
     """Another process took over this legacy timeline (taking it back would fence that one)."""
 
 
+class Reprovisioned(Fenced):
+    """The deployment was dropped and provisioned again: its timestamps restarted, so nothing
+    stamped before may be carried over (a reopening client does not retry the call)."""
+
+
 class TimelineMismatch(OracleError):
     """A read mixes inputs that live on different timelines."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tsoracle.errors import ConfigError, Fenced
+from tsoracle.errors import ConfigError, Fenced, Reprovisioned
 from tsoracle.store import Backend, Tx
 
 MODES = ("Always", "Rollout", "Disabled")
@@ -96,7 +96,7 @@ def moved(opened: Deployment, now: Deployment, implementation: str) -> bool:
 def superseded(opened: Deployment, now: Deployment, implementation: str) -> Fenced:
     """The error a process gets once the deployment moved on without it."""
     if now.incarnation != opened.incarnation:
-        return Fenced(
+        return Reprovisioned(
             f"this {implementation} oracle was fenced: its deployment was deleted and "
             f"provisioned again (incarnation {opened.incarnation or '-'} -> {now.incarnation}), "
             "so timestamps restarted; reopen it, and do not mix its earlier timestamps with "

@@ -239,9 +239,10 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body) -> float:
         dep = await claim(backend, owner.tag)
         check_ownership(dep, owner, spec.schema, {})  # another resource seeded it first
         obs.provisioned = True
-        todo = plan(spec, dep, old_status, dt.datetime.now(dt.UTC))
-        if todo.set_fencing:
+        now = dt.datetime.now(dt.UTC)
+        if plan(spec, dep, old_status, now).set_fencing:
             dep = await set_fencing(backend, spec.fencing, generation=generation)
+        todo = plan(spec, dep, old_status, now)
         flipped = None
         if todo.flip_to is not None:
             t0 = time.perf_counter()

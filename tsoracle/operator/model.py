@@ -23,8 +23,10 @@ def needs_provisioning(found: Deployment | None, has_timelines: bool) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one pass does to a provisioned deployment, in this order. `resume_flip` and
-    `finish_rollout` apply only when the flip (if any) changed nothing."""
+    """What one pass does to a provisioned deployment, in this order. The handler sets the
+    fencing mode first and plans again from the deployment that returns (a mode change may end
+    a rollout, or be refused as stale); `resume_flip` and `finish_rollout` apply only when the
+    flip (if any) changed nothing."""
 
     set_fencing: bool = False
     flip_to: str | None = None
@@ -38,8 +40,6 @@ def plan(spec: OracleSpec, dep: Deployment, old_status: Mapping[str, Any],
     """Decide a pass from the spec, the deployment as found, the status last published and the
     time."""
     set_fencing = dep.fence != spec.fencing
-    # Leaving Rollout mode ends a rollout (set_fencing clears the flag).
-    rollout = dep.rollout and (not set_fencing or spec.fencing == "Rollout")
     published = int(old_status.get("epoch") or 0)
     # Flips only ever change the implementation: a newer epoch than the one published, with
     # another implementation than the one published, is a flip nobody reported.
@@ -49,7 +49,7 @@ def plan(spec: OracleSpec, dep: Deployment, old_status: Mapping[str, Any],
         set_fencing=set_fencing,
         flip_to=spec.implementation if dep.implementation != spec.implementation else None,
         resume_flip=unreported,
-        finish_rollout=not unreported and rollout and rollout_over(old_status, spec, now),
+        finish_rollout=not unreported and dep.rollout and rollout_over(old_status, spec, now),
     )
 
 

@@ -2,6 +2,8 @@
 
 A fenced statement changed nothing (the guard refused it), so running the call again on the
 oracle that is now active serves it exactly once, from the implementation that may serve it.
+A deployment dropped and provisioned again (`Reprovisioned`) is the exception: the call is not
+run again, since its timestamps belong to the old deployment.
 The Spark driver client, the test workloads and the lincheck runner all go through this one
 wrapper; it has the oracle's own interface (oracle/operations.py).
 """
@@ -13,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tsoracle.errors import Fenced, LeadershipLost, OracleClosed
+from tsoracle.errors import Fenced, LeadershipLost, OracleClosed, Reprovisioned
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
 
 T = TypeVar("T")
@@ -63,6 +65,11 @@ class ReopeningOracle:
                     "the distributed one (spec.implementation: distributed, or `tsoracle flip "
                     "--to distributed`); a new client may take it over")
                 raise self._lost from None
+            except Reprovisioned as exc:
+                # Timestamps restarted: running the call again on the new deployment would
+                # carry an old timestamp (an apply_write, say) into it. The next call reopens.
+                self._retire(oracle, exc)
+                raise
             except Fenced as exc:
                 self._retire(oracle, exc)
             except OracleClosed:

@@ -57,7 +57,7 @@ class TableInfo:
 
 
 async def ensure_catalog(backend: Backend) -> None:
-    await schema.create(backend, _DDL)
+    await schema.create(backend, _DDL, schema=False)  # the oracle's schema exists already
 
 
 async def register(backend: Backend, info: TableInfo) -> TableInfo:

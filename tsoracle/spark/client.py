@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -44,6 +45,7 @@ class OracleClient:
         self._retry = retry  # how long each call retries a failing database
         self._runner = LoopThread()
         self._oracles: dict[str, ReopeningOracle] = {}
+        self._lock = threading.Lock()
         self._shut = False
         self._closed_cache: dict[str, tuple[float, int]] = {}
         self.committers: list[Any] = []  # the tables' group committers (see close)
@@ -114,15 +116,16 @@ class OracleClient:
     def oracle(self, timeline: str | None = None) -> ReopeningOracle:
         """The timeline's oracle, reopened on the active implementation after each flip."""
         name = timeline or self.default_timeline
-        found = self._oracles.get(name)
-        if found is None:
-            if self._shut:
-                raise OracleClosed("this client is closed; create a new OracleClient")
-            found = ReopeningOracle(
-                lambda: open_oracle(self.url, timeline=name, implementation=None,
-                                    fencing=self._fencing, retry=self._retry),
-                name=name, still_lost=self._legacy_active)
-            self._oracles[name] = found
+        with self._lock:  # driver threads call this: one oracle per timeline, never two leaders
+            found = self._oracles.get(name)
+            if found is None:
+                if self._shut:
+                    raise OracleClosed("this client is closed; create a new OracleClient")
+                found = ReopeningOracle(
+                    lambda: open_oracle(self.url, timeline=name, implementation=None,
+                                        fencing=self._fencing, retry=self._retry),
+                    name=name, still_lost=self._legacy_active)
+                self._oracles[name] = found
         return found
 
     async def _legacy_active(self) -> bool:

@@ -11,9 +11,10 @@ from tsoracle.store.backend import Backend
 log = logging.getLogger(__name__)
 
 
-async def create(backend: Backend, templates: Iterable[str]) -> None:
-    """Create the schema and then the tables of `templates` (CREATE … IF NOT EXISTS)."""
-    statements = [*backend.dialect.create_schema(),
+async def create(backend: Backend, templates: Iterable[str], *, schema: bool = True) -> None:
+    """Create the schema (unless `schema` is false: PostgreSQL checks the right to create
+    schemas even when it exists) and then the tables of `templates` (CREATE … IF NOT EXISTS)."""
+    statements = [*(backend.dialect.create_schema() if schema else []),
                   *(backend.dialect.render(t) for t in templates)]
     for statement in statements:
         # Two processes racing on CREATE ... IF NOT EXISTS can still collide in the catalog;

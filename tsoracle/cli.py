@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import os
 import sys
@@ -32,8 +33,16 @@ def _csv(kind: type) -> Any:
     return parse
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tsoracle")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tsoracle", description="Linearizable timestamp oracle.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def cmd(name: str, help_text: str) -> argparse.ArgumentParser:

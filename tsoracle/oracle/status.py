@@ -15,7 +15,7 @@ class TimelineStatus:
     timeline: str
     read_ts: int  # of the active implementation; for legacy a durable lower bound
     write_ts: int  # of the active implementation; for legacy the reserved upper bound
-    lag_ms: int | None  # wall clock minus read_ts, on EpochMilliseconds only
+    lag_ms: int | None  # wall clock minus read_ts, on EpochMilliseconds once reads moved
     leader_epoch: int  # legacy leader epoch
 
 
@@ -41,6 +41,8 @@ async def read_status(backend: Backend, now: Callable[[], int]) -> Status:
     timelines = []
     for name, read_ts, write_ts, leader_epoch in rows:
         read = backend.dec(read_ts)
-        lag = wall - read if name == EPOCH_MILLISECONDS else None
+        # Only a wall-clock timeline whose reads have moved has a lag worth showing: before the
+        # first apply_write read_ts is 0, and "56 years behind" says nothing.
+        lag = wall - read if name == EPOCH_MILLISECONDS and read > 0 else None
         timelines.append(TimelineStatus(name, read, backend.dec(write_ts), lag, int(leader_epoch)))
     return Status(dep, timelines)

@@ -9,19 +9,16 @@ before and after `compact()`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-import tsoracle  # noqa: E402
-from tsoracle.spark import OracleClient  # noqa: E402
+from spark_local import local_spark_client  # noqa: E402
 
 
 def timed_read(table) -> float:  # noqa: ANN001
@@ -37,15 +34,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--commits", type=int, action="append", default=[])
     a = p.parse_args()
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    work = Path(tempfile.mkdtemp(prefix="tsoracle-planning-"))
-    url = f"sqlite:///{work / 'oracle.db'}"
-    asyncio.run(tsoracle.init(url))
-    client = OracleClient(url, data_dir=work / "tables")
+    spark, client, work = local_spark_client("tsoracle-planning-")
     try:
         for n in a.commits or [10, 100]:
             table = client.create_table(spark, f"t{n}",

@@ -12,11 +12,9 @@ append: latency and the number of commit attempts that lost (before_commit calls
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,8 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-import tsoracle  # noqa: E402
-from tsoracle.spark import OracleClient  # noqa: E402
+from spark_local import local_spark_client  # noqa: E402
 
 
 def main() -> None:
@@ -34,16 +31,9 @@ def main() -> None:
     p.add_argument("--slow-s", type=float, default=3.0)
     p.add_argument("--fast-every-s", type=float, default=0.05)
     a = p.parse_args()
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    work = Path(tempfile.mkdtemp(prefix="tsoracle-slow-"))
-    url = f"sqlite:///{work / 'oracle.db'}"
-    asyncio.run(tsoracle.init(url))
-    client = OracleClient(url, data_dir=work / "tables")
+    spark, client, work = local_spark_client("tsoracle-slow-")
     schema = spark.createDataFrame([], "k INT, v STRING").schema
     slow_t = client.create_table(spark, "slow", schema)
     fast_t = client.create_table(spark, "fast", schema)

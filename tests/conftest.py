@@ -41,6 +41,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def pg(tmp_path_factory: pytest.TempPathFactory):
     server = LocalPostgres(tmp_path_factory.mktemp("pg") / "server")
+    server.destroy_when_this_process_exits()  # an interrupted or killed run leaves no server
     server.start()
     yield server
     server.destroy()
@@ -122,6 +123,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory):
         yield Kube(Path(existing), tools)
         return
     plane = ControlPlane(tmp_path_factory.mktemp("controlplane") / "state", postgres=False)
+    plane.purge_when_this_process_exits()  # an interrupted or killed run leaves no server
     kubeconfig = plane.up()
     try:
         yield Kube(kubeconfig, tools, plane=plane)

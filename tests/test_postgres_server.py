@@ -46,6 +46,7 @@ async def test_256_concurrent_reads_need_far_fewer_selects(pg):
 @pytest.fixture
 def own_pg(tmp_path):
     server = LocalPostgres(tmp_path / "pg")
+    server.destroy_when_this_process_exits()
     server.start()
     yield server
     server.destroy()
@@ -162,7 +163,7 @@ async def test_a_pool_too_small_for_pinned_connections_is_refused(pg_url):
     # Before the fix, pool_size=2 let the distributed oracle's two pinned connections take the
     # whole pool: every other statement waited, then "check that the server is up".
     await tsoracle.init(pg_url, timelines=[COUNTER])
-    with pytest.raises(tsoracle.ConfigError, match="pool_size >= 3"):
+    with pytest.raises(tsoracle.ConfigError, match="use pool_size=3 or more"):
         await tsoracle.open_oracle(pg_url, timeline=COUNTER, pool_size=2)
     async with asyncio.timeout(300):  # only a hang reaches this
         async with tsoracle.connect(pg_url, timeline=COUNTER, pool_size=3) as o:

@@ -1,23 +1,30 @@
 """A throwaway PostgreSQL server on loopback, for tests, benchmarks and `make dev-cluster`.
 
-    python tools/localpg.py start DIR    # prints the URL of the `tsoracle` role
+    python tools/localpg.py start DIR [--port N]   # prints the URL of the `tsoracle` role
     python tools/localpg.py stop DIR
+    python tools/localpg.py destroy DIR            # stop and delete DIR
 
 Runs the Debian `postgresql` binaries. As root, the server runs as the `postgres` user (initdb
-refuses root). Host connections need a password (so wrong-password cases are real); the
-superuser connects over the Unix socket in DIR.
+refuses root); when that user cannot reach DIR (a private temporary or home folder), the
+server's files live in a folder of its own under the system temporary folder instead: no
+existing folder's permissions are changed. Host connections need a password (so wrong-password
+cases are real); the superuser connects over the Unix socket in the server's folder.
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
+import hashlib
 import os
 import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,21 +71,31 @@ class LocalPostgres:
         whose clients may log in with a password (the partition nemesis's namespace)."""
         self.base = Path(base).resolve()
         self.extra_listen = extra_listen
-        self.data = self.base / "data"
-        self.port_file = self.base / "port"
-        self.port = port or (int(self.port_file.read_text()) if self.port_file.exists()
-                             else free_port())
-        self.bin = bindir()
         self._as_postgres = os.geteuid() == 0
+        # The server's own files (data, log, socket): DIR, or a stand-in the server user reaches.
+        self.home = self._home()
+        self.data = self.home / "data"
+        self.port_file = self.base / "port"
+        stored = int(self.port_file.read_text()) if self.port_file.exists() else None
+        if port and stored and port != stored:
+            raise ValueError(f"{self.base} already holds a server on port {stored}; "
+                             f"omit --port, or destroy it first")
+        self.port = port or stored or free_port()
+        self.bin = bindir()
+
+    def _home(self) -> Path:
+        if not self._as_postgres:
+            return self.base
+        ours = not self.base.exists() or self.base.stat().st_uid == pwd.getpwnam("postgres").pw_uid
+        if ours and _reachable_by_postgres(self.base):
+            return self.base
+        digest = hashlib.sha256(str(self.base).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"tsoracle-pg-{digest}"
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         cmd = [str(a) for a in args]
         if self._as_postgres:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
-            if self.base.exists():
-                # Again before every command: another pytest session starting on this machine
-                # makes its temporary root private again (0700), mid-run.
-                self._grant_access()
         # From "/": the server user may not be allowed into the caller's working folder (a
         # checkout under a 0700 temporary or home folder), and pg_ctl changes into it first.
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd="/")
@@ -91,7 +108,7 @@ class LocalPostgres:
         if (self.data / "PG_VERSION").exists():
             return
         self.base.mkdir(parents=True, exist_ok=True)
-        self._grant_access()
+        self._make_home()
         self._run(self.bin / "initdb", "-D", self.data, "-U", "postgres", "--auth-local=trust",
                   "--auth-host=scram-sha-256", "-E", "UTF8", "--no-instructions")
         listen = ",".join(["127.0.0.1", *(addr for addr, _ in self.extra_listen)])
@@ -103,7 +120,7 @@ class LocalPostgres:
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(
                 f"\nport = {self.port}\nlisten_addresses = '{listen}'\n"
-                f"unix_socket_directories = '{self.base}'\n"
+                f"unix_socket_directories = '{self.home}'\n"
                 "shared_preload_libraries = 'pg_stat_statements'\n"
                 "pg_stat_statements.track = all\n"
                 "fsync = off\nfull_page_writes = off\n"
@@ -111,17 +128,13 @@ class LocalPostgres:
             )
         self.port_file.write_text(str(self.port))
 
-    def _grant_access(self) -> None:
-        """The server user owns its folder and can walk down to it (mkdtemp makes 0700 dirs,
-        and a folder may have been re-created or tightened since the cluster was made)."""
+    def _make_home(self) -> None:
+        """As root, the server user owns the folder holding its files (one localpg made)."""
         if not self._as_postgres:
             return
+        self.home.mkdir(mode=0o700, exist_ok=True)
         pw = pwd.getpwnam("postgres")
-        os.chown(self.base, pw.pw_uid, pw.pw_gid)
-        for parent in self.base.parents:
-            mode = parent.stat().st_mode
-            if not mode & 0o001:
-                parent.chmod(mode | 0o001)
+        os.chown(self.home, pw.pw_uid, pw.pw_gid)
 
     def running(self) -> bool:
         status = self._run(self.bin / "pg_ctl", "-D", self.data, "status", check=False)
@@ -129,9 +142,8 @@ class LocalPostgres:
 
     def start(self) -> str:
         self.init()
-        self._grant_access()
         if not self.running():
-            self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.base / "server.log",
+            self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.log,
                       "-w", "-t", "60", "start")
         self._provision()
         return self.url()
@@ -142,7 +154,7 @@ class LocalPostgres:
 
     def restart(self) -> None:
         self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
-        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.base / "server.log",
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.log,
                   "-w", "-t", "60", "start")
 
     def crash_and_restart(self, down_seconds: float = 1.0) -> int:
@@ -158,8 +170,8 @@ class LocalPostgres:
         time.sleep(down_seconds)
         # The dead postmaster's lock files would make the new one refuse to start.
         (self.data / "postmaster.pid").unlink(missing_ok=True)
-        (self.base / f".s.PGSQL.{self.port}.lock").unlink(missing_ok=True)
-        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.base / "server.log",
+        (self.home / f".s.PGSQL.{self.port}.lock").unlink(missing_ok=True)
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.log,
                   "-w", "-t", "60", "start")
         return pid
 
@@ -177,9 +189,19 @@ class LocalPostgres:
                 pids.append(int(proc.name))
         return pids
 
+    @property
+    def log(self) -> Path:
+        return self.home / "server.log"
+
     def destroy(self) -> None:
         self.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
         shutil.rmtree(self.base, ignore_errors=True)
+
+    def destroy_when_this_process_exits(self) -> None:
+        """However this process ends (an interrupt, a crash, SIGKILL), the server goes too."""
+        run_when_this_process_exits([sys.executable, str(Path(__file__).resolve()), "destroy",
+                                     str(self.base)])
 
     def url(self, password: str = PASSWORD, database: str = DATABASE) -> str:
         return f"postgresql://{ROLE}:{password}@127.0.0.1:{self.port}/{database}"
@@ -189,7 +211,7 @@ class LocalPostgres:
         return self.url(password, SERIALIZABLE_DATABASE)
 
     def admin_dsn(self, database: str = DATABASE) -> str:
-        return f"host={self.base} port={self.port} user=postgres dbname={database}"
+        return f"host={self.home} port={self.port} user=postgres dbname={database}"
 
     def sql(self, statement: str, database: str = DATABASE) -> list[tuple[object, ...]]:
         import psycopg
@@ -219,17 +241,74 @@ class LocalPostgres:
                      " SET default_transaction_isolation = 'serializable'", "postgres")
 
 
+def _reachable_by_postgres(path: Path) -> bool:
+    """Whether the `postgres` user can walk down to `path` (as far as it exists)."""
+    pw = pwd.getpwnam("postgres")
+    for folder in [path, *path.parents]:
+        try:
+            st = folder.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_uid == pw.pw_uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid == pw.pw_gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+# Reads its stdin until end-of-file, which comes when every process holding the pipe's other
+# end has ended, however it ended; then runs its arguments.
+_WATCHDOG = "import subprocess, sys; sys.stdin.buffer.read(); subprocess.run(sys.argv[1:])"
+_watchdog_pipes: list[int] = []
+
+
+def run_when_this_process_exits(argv: list[str]) -> None:
+    """Run `argv` once this process has ended, even by SIGKILL.
+
+    The watchdog sits in a session of its own, so the Ctrl-C that interrupts this process
+    does not stop the watchdog before it has cleaned up.
+    """
+    read_end, write_end = os.pipe()  # not inherited by later children (PEP 446)
+    subprocess.Popen([sys.executable, "-c", _WATCHDOG, *argv], stdin=read_end,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    os.close(read_end)
+    _watchdog_pipes.append(write_end)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="localpg.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    s = sub.add_parser("start", help="create the server if needed, start it, print its URL")
+    s.add_argument("dir", metavar="DIR", help="the server's folder (created if missing)")
+    s.add_argument("--port", type=int, help="loopback port for a new server "
+                   "(default: a free one; an existing server keeps its port)")
+    for name, text in (("stop", "stop the server; its data stays"),
+                       ("destroy", "stop the server and delete its folder")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("dir", metavar="DIR")
+    return p
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("start", "stop", "destroy"):
-        print(__doc__, file=sys.stderr)
-        return 2
-    server = LocalPostgres(argv[1])
-    if argv[0] == "start":
-        print(server.start())
-    elif argv[0] == "stop":
-        server.stop()
-    else:
-        server.destroy()
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "start":
+            if args.port is not None and not 0 < args.port < 65536:
+                raise ValueError(f"--port {args.port} is not a port number (1-65535)")
+            print(LocalPostgres(args.dir, port=args.port).start())
+            return 0
+        if not Path(args.dir).exists():
+            raise ValueError(f"{args.dir} holds no server (nothing to {args.command})")
+        server = LocalPostgres(args.dir)
+        server.stop() if args.command == "stop" else server.destroy()
+    except (ValueError, RuntimeError) as exc:
+        print(f"localpg.py: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

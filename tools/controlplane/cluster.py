@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from localpg import LocalPostgres, free_port  # noqa: E402
+from localpg import LocalPostgres, free_port, run_when_this_process_exits  # noqa: E402
 
 K8S_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.16"
@@ -235,7 +235,13 @@ class ControlPlane:
         if self.with_postgres:
             self.pg.stop()
         if purge:
+            self.pg.destroy()  # its files may live outside the state folder (tools/localpg.py)
             shutil.rmtree(self.state, ignore_errors=True)
+
+    def purge_when_this_process_exits(self) -> None:
+        """However this process ends (an interrupt, a crash, SIGKILL), the cluster goes too."""
+        run_when_this_process_exits([sys.executable, str(Path(__file__).resolve()), "down",
+                                     "--purge", str(self.state)])
 
 
 def main(argv: list[str]) -> int:

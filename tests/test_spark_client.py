@@ -133,3 +133,14 @@ def test_an_oracle_closed_elsewhere_is_replaced(tmp_path):
     client.close()
     with pytest.raises(tsoracle.OracleClosed):
         asyncio.run(client.acall(lambda o: o.read_ts()))
+
+
+def test_a_missing_resource_says_what_to_check(kube, tmp_path):
+    """It once surfaced as a raw `NotFoundException (404) … HTTPHeaderDict(…)`."""
+    with pytest.raises(tsoracle.ConfigError) as err:
+        OracleClient.from_resource("no-such-oracle", "default", data_dir=tmp_path,
+                                   kubeconfig=str(kube.kubeconfig))
+    message = str(err.value)
+    assert "TimestampOracle default/no-such-oracle not found" in message
+    assert "kubectl get tso -n default" in message
+    assert "HTTPHeaderDict" not in message and "Traceback" not in message

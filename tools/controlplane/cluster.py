@@ -33,7 +33,9 @@ K8S_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.16"
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
 ADMIN_TOKEN = "tsoracle-dev-admin-token"
-DEFAULT_STATE = HERE.parent.parent / ".dev-cluster"
+# `make dev-cluster` keeps its state here; the docs tests point it elsewhere.
+DEFAULT_STATE = Path(os.environ.get("TSORACLE_DEV_CLUSTER_STATE",
+                                    HERE.parent.parent / ".dev-cluster"))
 
 
 def version_ldflags(name: str, version: str) -> list[str]:

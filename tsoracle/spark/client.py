@@ -89,8 +89,11 @@ class OracleClient:
             except config.ConfigException:
                 config.load_kube_config()
             api_client = client.ApiClient()
-        obj = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name)
+        try:
+            obj = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name)
+        except client.exceptions.ApiException as exc:
+            raise _resource_problem(exc, namespace, name) from None
         spec = parse_spec(obj.get("spec") or {})
         status = obj.get("status") or {}
         if not status.get("activeImplementation"):
@@ -226,3 +229,16 @@ async def _epoch(oracle: TimestampOracle) -> int:
 async def _implementation(oracle: TimestampOracle) -> str:
     await oracle.confirm_leadership()
     return oracle.implementation
+
+
+def _resource_problem(exc: Any, namespace: str, name: str) -> ConfigError:
+    """The API server's refusal in the user's terms (its raw form carries headers and body)."""
+    if exc.status == 404:
+        return ConfigError(f"TimestampOracle {namespace}/{name} not found: check the name and the "
+                           f"namespace (`kubectl get tso -n {namespace}`)")
+    if exc.status in (401, 403):
+        return ConfigError(f"not allowed to get TimestampOracle {namespace}/{name} "
+                           f"({exc.status} {exc.reason}): the driver's ServiceAccount needs `get` "
+                           "on timestamporacles (the chart's sparkDrivers values grant it)")
+    return ConfigError(f"reading TimestampOracle {namespace}/{name} failed: the API server "
+                       f"answered {exc.status} {exc.reason}")

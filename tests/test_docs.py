@@ -1,0 +1,221 @@
+"""The documentation runs as written: every shell and Python block of README.md and docs/.
+
+Blocks are found with markdown-it-py, the CommonMark parser (what GitHub renders is what runs).
+pytest-markdown-docs and mktestdocs were the alternatives; both run Python blocks inside the
+test process (an import a user would miss is already there, a fixture's globals leak in) and
+neither runs shell blocks, so here each Python block runs as a program of its own and each
+shell block in bash, with the virtual environment's commands on PATH, in a folder that looks
+like a checkout.
+
+The fence says what a block is (its first word; GitHub ignores the rest):
+
+- ```` ```python ```` and ```` ```sh ```` run, in order, each page in one working folder;
+- ```` ```sh ci ```` are the README's two commands, which `.ci/run` runs itself;
+- ```` ```yaml kubectl ```` is applied with `kubectl apply --dry-run=server` (the API server
+  validates it against the CRD), other ```` ```yaml ```` and ```` ```json ```` are parsed;
+- ```` ```<lang> norun ```` and ```` ```text ```` do not run (the prose says why).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from kubetools import tools_dir
+from markdown_it import MarkdownIt
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+RUNS = {"python", "sh"}
+DATA = {"yaml", "json"}
+SHOWN = {"text", "sql", "promql", "console"}
+OPTIONS = {"norun", "ci", "kubectl"}
+# What each page needs besides the embedded default (SQLite, local Spark).
+NEEDS = {"docs/operator.md": "cluster", "docs/spark.md": "cluster",
+         "docs/observability.md": "cluster"}
+# The order pages run in on the one dev cluster: the chart is installed by docs/operator.md.
+CLUSTER_ORDER = ["docs/operator.md", "docs/spark.md", "docs/observability.md"]
+# Text replaced before running, to keep the suite short; the command is otherwise as written.
+FASTER = {"docs/performance.md": [("--duration 3", "--duration 0.3")]}
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    lang: str
+    options: frozenset[str]
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line} ({self.lang})"
+
+
+def blocks(page: Path) -> list[Block]:
+    rel = str(page.relative_to(ROOT))
+    found = []
+    for token in MarkdownIt("commonmark").parse(page.read_text()):
+        if token.type != "fence":
+            continue
+        words = token.info.split()
+        found.append(Block(rel, token.map[0] + 1 if token.map else 0,
+                           words[0] if words else "", frozenset(words[1:]), token.content))
+    return found
+
+
+def runnable(page: str) -> list[Block]:
+    return [b for b in blocks(ROOT / page)
+            if b.lang in RUNS | DATA and not b.options & {"norun", "ci"}]
+
+
+def test_every_block_says_what_it_is() -> None:
+    bad = []
+    for page in PAGES:
+        for b in blocks(page):
+            if b.lang not in RUNS | DATA | SHOWN:
+                known = sorted(RUNS | DATA | SHOWN)
+                bad.append(f"{b}: the fence names no known language ({known})")
+            if b.options - OPTIONS:
+                bad.append(f"{b}: unknown fence options {sorted(b.options - OPTIONS)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_readme_starts_with_the_two_commands_ci_runs() -> None:
+    first = blocks(ROOT / "README.md")[0]
+    assert (first.lang, first.options) == ("sh", frozenset({"ci"}))
+    setup, tests = first.source.strip().splitlines()
+    assert setup.endswith("tsoracle demo") and tests == "python3 -m pytest -q"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "README.md" in ci and "sh ci" in ci  # .ci/run takes them from the README
+
+
+# --- running pages ------------------------------------------------------------------------
+
+
+class Session:
+    """One page's working folder and environment, like a user's shell in a checkout."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.marker = uuid.uuid4().hex
+        self.env = {**env, "TSORACLE_DOCS_RUN": self.marker}
+        for entry in ROOT.iterdir():
+            if entry.name not in (".git", ".venv", ".venv-core", ".dev-cluster"):
+                (workdir / entry.name).symlink_to(entry)
+
+    def run(self, block: Block, replace: list[tuple[str, str]]) -> None:
+        source = block.source
+        for old, new in replace:
+            source = source.replace(old, new)
+        if block.lang == "python":
+            program = self.workdir / f"block_{block.line}.py"
+            program.write_text(source)
+            argv = [sys.executable, program.name]
+        elif block.lang == "sh":
+            argv = ["bash", "-euo", "pipefail", "-c", source]
+        elif block.lang == "yaml" and "kubectl" in block.options:
+            argv = ["kubectl", "apply", "--dry-run=server", "-f", "-"]
+        else:
+            list(yaml.safe_load_all(source)) if block.lang == "yaml" else json.loads(source)
+            return
+        proc = subprocess.run(argv, cwd=self.workdir, env=self.env, capture_output=True,
+                              text=True, timeout=900,
+                              input=source if argv[0] == "kubectl" else None)
+        assert proc.returncode == 0, (
+            f"{block} failed with exit code {proc.returncode}\n--- block\n{source}"
+            f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
+
+    def close(self) -> None:
+        """Stop what the page left running in the background (`tsoracle operator &`)."""
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                environ = (proc / "environ").read_bytes()
+            except OSError:
+                continue
+            if f"TSORACLE_DOCS_RUN={self.marker}".encode() in environ.split(b"\0"):
+                try:
+                    os.kill(int(proc.name), signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+
+def user_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TSORACLE_URL", "KUBECONFIG", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), str(tools_dir()),
+                                   env.get("PATH", "")])
+    return env
+
+
+def run_page(page: str, session: Session) -> None:
+    todo = runnable(page)
+    assert todo, f"{page} has no block to run"
+    try:
+        for block in todo:
+            session.run(block, FASTER.get(page, []))
+    finally:
+        session.close()
+
+
+SIMPLE = sorted(str(p.relative_to(ROOT)) for p in PAGES
+                if runnable(str(p.relative_to(ROOT))) and str(p.relative_to(ROOT)) not in NEEDS)
+
+
+@pytest.mark.parametrize("page", SIMPLE)
+def test_page_runs_on_the_embedded_default(page: str, tmp_path: Path) -> None:
+    run_page(page, Session(tmp_path, user_env()))
+
+
+def test_readme_program_runs_on_postgresql(pg, tmp_path: Path) -> None:
+    """The README's library program honours $TSORACLE_URL (here a real PostgreSQL)."""
+    env = {**user_env(), "TSORACLE_URL": f"{pg.url()}?schema=t_docs_{uuid.uuid4().hex[:8]}"}
+    run_page("README.md", Session(tmp_path, env))
+
+
+@pytest.fixture(scope="module")
+def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """`make dev-cluster` as the docs use it, with its state in a folder of the test's own."""
+    state = tmp_path_factory.mktemp("dev-cluster")
+    env = {**user_env(), "TSORACLE_DEV_CLUSTER_STATE": str(state)}
+    sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
+    from cluster import ControlPlane
+
+    ControlPlane(state).purge_when_this_process_exits()
+    try:
+        yield env
+    finally:
+        subprocess.run([sys.executable, str(ROOT / "tools/controlplane/cluster.py"), "down",
+                        "--purge", str(state)], capture_output=True, timeout=300)
+
+
+@pytest.mark.parametrize("page", CLUSTER_ORDER)
+def test_page_runs_on_the_dev_cluster(page: str, dev_cluster: dict[str, str],
+                                      tmp_path: Path) -> None:
+    # The pages follow each other in one shell, as a user reads them: KUBECONFIG and the
+    # PostgreSQL URL come from `make dev-cluster`'s output (docs/operator.md, first block).
+    up = subprocess.run(["make", "-s", "dev-cluster"], cwd=ROOT, env=dev_cluster,
+                        capture_output=True, text=True, timeout=900)
+    assert up.returncode == 0, up.stderr
+    exports = dict(re.findall(r"^export (\w+)=(.*)$", up.stdout, re.M))
+    postgres = re.search(r"^postgres: (.*)$", up.stdout, re.M)
+    assert postgres and "KUBECONFIG" in exports
+    env = {**dev_cluster, **exports, "POSTGRES_URL": postgres.group(1)}
+    run_page(page, Session(tmp_path, env))
+
+
+def test_pages_needing_the_cluster_are_run_there() -> None:
+    assert sorted(NEEDS) == sorted(CLUSTER_ORDER)
+    assert shutil.which("make"), "docs/operator.md needs make (.ci/run installs it)"

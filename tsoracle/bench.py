@@ -8,13 +8,15 @@ batch at a time, with no I/O (the most any batched oracle could do in one Python
 from __future__ import annotations
 
 import asyncio
+import textwrap
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from tsoracle.oracle import GroupCommitter, flip, init, open_oracle
 from tsoracle.oracle import metrics as m
+from tsoracle.output import table
 from tsoracle.store import open_backend, parse_url, with_schema
 
 TIMELINE = "counter:bench"
@@ -256,15 +258,109 @@ def summarize(results: list[Result], bare: dict[str, float]) -> dict[str, Any]:
     return out
 
 
-def format_result(r: Result) -> str:
-    extra = ""
-    if r.mode != "read":
-        extra = f"  groups={r.groups} q/commit={r.queries_per_commit:.2f}"
-    elif r.extra.get("asyncio_ceiling_ops_per_s"):
-        extra = f"  ceiling={r.extra['asyncio_ceiling_ops_per_s']:.0f}/s"
-    return (
-        f"{r.mode:<5} {r.implementation:<11} {'batched' if r.batching else 'raw':<7} "
-        f"c={r.concurrency:<4} {r.ops_per_s:>10.0f} ops/s  p50={r.p50_ms:.3f} "
-        f"p95={r.p95_ms:.3f} p99={r.p99_ms:.3f} max={r.max_ms:.1f} ms  "
-        f"q/s={r.queries_per_s:.0f} q/op={r.queries_per_op:.4f} batch={r.mean_batch:.1f}{extra}"
-    )
+PROGRESS_AFTER_S = 3.0  # runs planned longer than this report each finished measurement
+
+
+class Progress:
+    """A line per finished measurement ("k/N" and the time elapsed) on `file`, for runs planned
+    longer than a few seconds; the caller passes stderr so that `-o json` stays clean."""
+
+    def __init__(self, *, modes: list[str], implementations: list[str],
+                 concurrencies: list[int], batching: list[bool], seconds: float,
+                 file: TextIO) -> None:
+        per_mode = len(implementations) * len(concurrencies) * len(batching)
+        self.total = len(modes) * per_mode
+        reads = per_mode if "read" in modes else 0
+        # Each measurement warms up for 0.2 s; reads add the asyncio probe; the run ends with
+        # the bare SELECT probe.
+        self.planned = (self.total * (seconds + 0.2) + reads * min(seconds, 1.0)
+                        + min(seconds, 2.0))
+        self.enabled = self.planned > PROGRESS_AFTER_S
+        self.file = file
+        self.done = 0
+        self.started = time.monotonic()
+        if self.enabled:
+            self._say(f"tsoracle bench: {self.total} measurement(s) of {seconds:g} s, about "
+                      f"{self.planned:.0f} s in all")
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.file, flush=True)
+
+    def finished(self, r: Result) -> None:
+        self.done += 1
+        if self.enabled:
+            self._say(f"[{self.done}/{self.total}, {time.monotonic() - self.started:.1f} s] "
+                      f"{r.mode} {r.implementation} {'batched' if r.batching else 'raw'}, "
+                      f"{r.concurrency} client{'s' if r.concurrency > 1 else ''}: "
+                      f"{r.ops_per_s:,.0f} ops/s, p50 "
+                      f"{r.p50_ms:.3f} ms")
+
+
+def report_text(report: dict[str, Any], seconds: float) -> str:
+    """The report of `run_bench` as tables with plainly named columns and a legend."""
+    rows = []
+    for r in report["results"]:
+        read = r["mode"] == "read"
+        limit = r["extra"].get("asyncio_ceiling_ops_per_s")
+        rows.append((
+            r["mode"], r["implementation"], "batched" if r["batching"] else "raw",
+            r["concurrency"], f"{r['ops_per_s']:,.0f}", f"{r['p50_ms']:.3f}",
+            f"{r['p99_ms']:.3f}", f"{r['max_ms']:.1f}", f"{r['queries_per_op']:.4f}",
+            f"{r['mean_batch']:.1f}" if r["mean_batch"] else None,
+            None if read else r["groups"],
+            None if read or not r["groups"] else f"{r['queries_per_commit']:.2f}",
+            f"{limit:,.0f}" if limit else None,
+        ))
+    headers = ("MODE", "IMPLEMENTATION", "READ_TS", "CLIENTS", "OPS/S", "P50_MS", "P99_MS",
+               "MAX_MS", "QUERIES/OP", "CALLERS/BATCH", "GROUP_COMMITS", "QUERIES/COMMIT",
+               "NO_IO_LIMIT_OPS/S")
+    # Columns of modes this run did not measure stay out (a read-only run has no commits).
+    keep = [i for i in range(len(headers)) if any(row[i] is not None for row in rows)]
+    out = [f"Measurements ({seconds:g} s each; every client calls again as soon as its call "
+           "returns)",
+           table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows],
+                 indent=2)]
+    bare = report["bare_select"]
+    out.append("")
+    out.append(textwrap.fill(
+        "Bare SELECT round trip (one prepared single-row SELECT on one connection, the floor of "
+        f"any backend call): p50 {bare['p50_ms']:.3f} ms, p99 {bare['p99_ms']:.3f} ms",
+        width=100, subsequent_indent="  "))
+    summary = report["summary"]
+    if summary:
+        ratio_rows = []
+        for key, e in summary.items():
+            _, impl, clients = key.split("/")
+            ratio_rows.append((
+                impl, clients.lstrip("c"), f"{e['queries_per_op']:.4f}",
+                f"{e['batched_over_raw']:.2f}x" if "batched_over_raw" in e else None,
+                f"{e['share_of_asyncio_ceiling']:.1%}" if "share_of_asyncio_ceiling" in e
+                else None,
+                f"{e['p50_over_bare_select']:.2f}x" if "p50_over_bare_select" in e else None,
+            ))
+        out += ["\nBatched reads against their limits",
+                table(("IMPLEMENTATION", "CLIENTS", "QUERIES/OP", "BATCHED/RAW",
+                       "SHARE_OF_NO_IO_LIMIT", "P50/BARE_SELECT"), ratio_rows, indent=2)]
+    shown = {headers[i] for i in keep} | ({"BATCHED/RAW"} if summary else set())
+    out.append("")
+    out += [textwrap.fill(f"{column}: {text}", width=100, subsequent_indent="  ")
+            for column, text in LEGEND if column.split(",")[0] in shown]
+    out.append("`-o json` keeps the original key names (asyncio_ceiling_ops_per_s, "
+               "share_of_asyncio_ceiling, ...).")
+    return "\n".join(out)
+
+
+LEGEND = (
+    ("READ_TS", "batched lets one backend statement answer every read_ts caller waiting for "
+                "it; raw sends one statement per call."),
+    ("QUERIES/OP", "backend statements per operation (below 1 when calls share a statement)."),
+    ("CALLERS/BATCH", "read_ts calls answered by one statement, on average."),
+    ("GROUP_COMMITS, QUERIES/COMMIT", "rounds of one shared write_ts, a simulated 10 ms append "
+                                      "and apply_write (write, mixed), and backend statements "
+                                      "per round."),
+    ("NO_IO_LIMIT_OPS/S", "as many asyncio tasks completed a batch at a time with no I/O at "
+                          "all: the most one Python process could do."),
+    ("BATCHED/RAW, SHARE_OF_NO_IO_LIMIT, P50/BARE_SELECT",
+     "batched ops/s over raw and over the no-I/O limit, and the batched p50 with one client "
+     "over the bare SELECT's."),
+)

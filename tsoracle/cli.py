@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
-import json
 import os
 import sys
 from collections.abc import Coroutine
@@ -17,10 +16,36 @@ from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.oracle import EPOCH_MILLISECONDS, connect, finish_rollout, flip, init, set_fencing
 from tsoracle.oracle import status as read_status
 from tsoracle.oracle.api import WriteTimestamp
+from tsoracle.oracle.connect import DEFAULT_MAX_CLOCK_SKEW_MS
 from tsoracle.oracle.operations import BY_COMMAND
+from tsoracle.output import add_output_flag, emit, table
 from tsoracle.store import DEFAULT_URL
 
+# The default is resolved after parsing (see `main`): a default taken from $TSORACLE_URL would
+# print the variable's value, password and all, in `--help`.
 URL_HELP = f"backend URL (default: $TSORACLE_URL or {DEFAULT_URL})"
+# What `ts read|peek --stored` prints, per implementation and operation.
+STORED_MEANING = {
+    ("legacy", "read"): "the leader's durable read frontier: every applied write is at or below "
+                        "it, and the leader's read_ts is not above it",
+    ("legacy", "peek"): "the leader's reserved upper bound: every write timestamp it handed out "
+                        "is at or below it (its latest may be lower)",
+    ("distributed", "read"): "the distributed read_ts itself",
+    ("distributed", "peek"): "the distributed write_ts itself (latest handed out)",
+}
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it has none or names it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is False
+                or default == argparse.SUPPRESS or not action.option_strings):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, list) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
 
 def _csv(kind: type) -> Any:
@@ -41,120 +66,138 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tsoracle", description="Linearizable timestamp oracle.")
+    p = argparse.ArgumentParser(prog="tsoracle", description="Linearizable timestamp oracle.",
+                                formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def cmd(name: str, help_text: str) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=help_text, description=help_text)
-        c.add_argument("--url", default=os.environ.get("TSORACLE_URL", DEFAULT_URL), help=URL_HELP)
+    def cmd(name: str, help_text: str, *, url: bool = True) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_text, description=help_text,
+                           formatter_class=HelpFormatter)
+        if url:
+            c.add_argument("--url", metavar="URL", help=URL_HELP)
+            add_output_flag(c, json_alias=True)
         return c
 
     c = cmd("init", "create the schema, tables and timelines that are missing")
     c.add_argument("--timeline", action="append", dest="timelines", metavar="NAME",
-                   help=f"timeline to create (repeatable; default {EPOCH_MILLISECONDS})")
+                   help=f"timeline to create (repeatable; default: {EPOCH_MILLISECONDS})")
     c.add_argument("--implementation", choices=IMPLEMENTATIONS, default="distributed",
                    help="active implementation of a new deployment (use `flip` later)")
-    c.add_argument("--fencing", choices=MODES, help="set the deployment's fencing mode")
-    c.add_argument("--initial-ts", type=int, default=0, help="start of new timelines")
+    c.add_argument("--fencing", choices=MODES,
+                   help="set the deployment's fencing mode (default: Always for a new "
+                        "deployment, unchanged for an existing one)")
+    c.add_argument("--initial-ts", type=int, default=0, metavar="T",
+                   help="start of new timelines")
 
-    c = cmd("status", "show the deployment and every timeline")
-    c.add_argument("--json", action="store_true", help="machine-readable output")
+    cmd("status", "show the deployment and every timeline")
 
     c = cmd("ts", "run one oracle operation and print the timestamp")
     c.add_argument("op", choices=list(BY_COMMAND),
                    help="; ".join(f"{o.command}: {o.help}" for o in BY_COMMAND.values()))
     c.add_argument("ts", nargs="?", type=int, help="the timestamp, for `apply`")
-    c.add_argument("--timeline", default=EPOCH_MILLISECONDS)
+    c.add_argument("--timeline", default=EPOCH_MILLISECONDS, metavar="NAME", help="the timeline")
     c.add_argument("--implementation", choices=IMPLEMENTATIONS,
-                   help="default: the deployment's active implementation")
+                   help="the implementation to open (default: the deployment's active one)")
+    c.add_argument("--stored", action="store_true",
+                   help="`read`/`peek` only: print the value stored in the backend, without "
+                        "opening an oracle (a running legacy leader is not fenced)")
     c.add_argument("--take-leadership", action="store_true",
                    help="allow a one-shot legacy command to fence the running legacy leader")
+    c.add_argument("--max-clock-skew-ms", type=int, default=DEFAULT_MAX_CLOCK_SKEW_MS, metavar="MS",
+                   help="how far ahead of this machine's clock an EpochMilliseconds write "
+                        "timestamp may be")
 
     c = cmd("flip", "make another implementation active (epoch bump + bootstrap)")
-    c.add_argument("--to", required=True, choices=IMPLEMENTATIONS)
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--to", required=True, choices=IMPLEMENTATIONS,
+                   help="the implementation to make active")
 
     c = cmd("fencing", "set the fencing mode of the deployment")
-    c.add_argument("mode", choices=MODES)
+    c.add_argument("mode", choices=MODES, help="the new mode")
 
     cmd("finish-rollout", "end the rollout window (Rollout fencing mode)")
 
-    c = sub.add_parser("demo", help="the main job: Spark writers and readers on the embedded "
-                       "default, with a flip mid-run",
-                       description="run writers, readers and a flip on local Spark + SQLite")
-    c.add_argument("--writers", type=int, default=3)
+    c = cmd("demo", "the main job: Spark writers and readers on the embedded default, with a "
+            "flip mid-run", url=False)
+    c.add_argument("--writers", type=int, default=3, help="writer threads")
     c.add_argument("--batches", type=int, default=4, help="appends per writer")
     c.add_argument("--rows", type=int, default=50, help="rows per append")
     c.add_argument("--data-dir", help="keep the data here (default: a temporary directory)")
 
-    c = sub.add_parser("operator", help="run the Kubernetes operator",
-                       description="run the kopf operator for TimestampOracle resources")
+    c = cmd("operator", "run the Kubernetes operator for TimestampOracle resources", url=False)
     c.add_argument("--namespace", action="append", dest="namespaces", default=[],
                    help="watch only this namespace (repeatable; default: all namespaces)")
-    c.add_argument("--liveness-port", type=int, default=8080)
-    c.add_argument("--metrics-port", type=int, default=8081)
+    c.add_argument("--liveness-port", type=int, default=8080, help="port of /healthz")
+    c.add_argument("--metrics-port", type=int, default=8081, help="port of /metrics")
     c.add_argument("--bind", default="0.0.0.0", help="address of the liveness/metrics servers")
     c.add_argument("--lease-namespace",
                    help="hold this namespace's Lease while reconciling, so that only one "
                         "operator acts (default: $POD_NAMESPACE; none: run alone)")
     c.add_argument("--lease-name", default="tsoracle-operator", help="name of that Lease")
 
-    c = cmd("bench", "closed-loop benchmark with physical-limit probes")
-    c.add_argument("--mode", type=_csv(str), default=["read"],
+    c = cmd("bench", "closed-loop benchmark with physical-limit probes (in its own schema "
+            "tsoracle_bench)")
+    c.add_argument("--mode", type=_csv(str), default=["read"], metavar="LIST",
                    help="read, write, mixed (comma-separated)")
-    c.add_argument("--concurrency", type=_csv(int), default=[1, 8, 64, 512])
-    c.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
-    c.add_argument("--implementation", type=_csv(str), default=["distributed"],
+    c.add_argument("--concurrency", type=_csv(int), default=[1, 8, 64, 512], metavar="LIST",
+                   help="concurrent clients per measurement (comma-separated)")
+    c.add_argument("--duration", type=float, default=3.0, metavar="S",
+                   help="seconds per measurement")
+    c.add_argument("--implementation", type=_csv(str), default=["distributed"], metavar="LIST",
                    help="legacy, distributed (comma-separated)")
     c.add_argument("--raw", action="store_true", help="no read_ts batching")
     c.add_argument("--with-raw", action="store_true",
                    help="measure batched and raw in the same run, and report ratios")
-    c.add_argument("--json", action="store_true")
     return p
 
 
 async def _run(args: argparse.Namespace) -> int:
+    out = args.output
     if args.command == "init":
         done = await init(args.url, timelines=args.timelines or [EPOCH_MILLISECONDS],
                           initial_ts=args.initial_ts, implementation=args.implementation,
                           fencing=args.fencing)
-        dep = done.deployment
-        made = ", ".join(done.created) or "none (all existed)"
-        print(f"initialized: {dep.implementation} at epoch {dep.epoch}, fencing {dep.fence}; "
-              f"new timelines: {made}")
+        emit({"deployment": done.deployment, "created": done.created}, out, _init_text)
         return 0
     if args.command == "status":
-        st = await read_status(args.url)
-        if args.json:
-            print(json.dumps(st.as_dict(), indent=2))
-        else:
-            _print_status(st)
+        emit((await read_status(args.url)).as_dict(), out, _status_text)
         return 0
     if args.command == "ts":
         return await _ts(args)
     if args.command == "flip":
-        r = await flip(args.url, to=args.to)
-        if args.json:
-            print(json.dumps(r.__dict__, indent=2))
-        elif r.changed:
-            print(f"flipped {r.previous} -> {r.implementation}: epoch {r.epoch}")
-            for timeline, ts in sorted(r.bootstrap.items()):
-                print(f"  {timeline}: bootstrapped to {ts}")
-        else:
-            print(f"already on {r.implementation} at epoch {r.epoch}; nothing to do")
+        emit(await flip(args.url, to=args.to), out, _flip_text)
         return 0
     if args.command == "fencing":
         dep = await set_fencing(args.url, args.mode)
-        print(f"fencing is now {dep.fence} (epoch {dep.epoch})")
+        emit({"deployment": dep}, out,
+             lambda d: f"fencing is now {d['deployment']['fence']} "
+                       f"(epoch {d['deployment']['epoch']})")
         return 0
     if args.command == "finish-rollout":
         dep = await finish_rollout(args.url)
-        print(f"rollout finished: {dep.implementation} at epoch {dep.epoch}")
+        emit({"deployment": dep}, out,
+             lambda d: f"rollout finished: {d['deployment']['implementation']} at epoch "
+                       f"{d['deployment']['epoch']}")
         return 0
     if args.command == "bench":
         return await _bench(args)
     raise AssertionError(args.command)
+
+
+def _init_text(d: dict[str, Any]) -> str:
+    dep = d["deployment"]
+    made = ", ".join(d["created"]) or "none (all existed)"
+    return (f"initialized: {dep['implementation']} at epoch {dep['epoch']}, fencing "
+            f"{dep['fence']}; new timelines: {made}")
+
+
+def _flip_text(r: dict[str, Any]) -> str:
+    if not r["changed"]:
+        return f"already on {r['implementation']} at epoch {r['epoch']}; nothing to do"
+    lines = [f"flipped {r['previous']} -> {r['implementation']}: epoch {r['epoch']}"]
+    lines += [f"  {timeline}: bootstrapped to {ts}"
+              for timeline, ts in sorted(r["bootstrap"].items())]
+    return "\n".join(lines)
 
 
 async def _ts(args: argparse.Namespace) -> int:
@@ -164,64 +207,92 @@ async def _ts(args: argparse.Namespace) -> int:
                                  f"tsoracle ts {op.command} T")
     if not op.takes_ts and args.ts is not None:
         raise errors.ConfigError(f"`tsoracle ts {op.command}` takes no timestamp")
+    if args.stored:
+        return await _ts_stored(args)
     impl = args.implementation
     if impl is None:
         impl = (await read_status(args.url)).deployment.implementation
     if impl == "legacy" and not args.take_leadership:
-        hint = ("; `tsoracle status` shows the stored read_ts and write_ts without taking over"
-                if not op.writes else "")
+        instead = (f"; `tsoracle ts {op.command} --stored` prints the stored value without "
+                   "contacting the leader" if (impl, op.command) in STORED_MEANING else "")
         raise errors.ConfigError(
             "the legacy implementation serves from its leader's memory: a one-shot command "
-            f"would fence the running leader; pass --take-leadership if that is intended{hint}"
+            f"would fence the running leader; pass --take-leadership if that is "
+            f"intended{instead}"
         )
     # A legacy oracle is its timeline's leader, so it is never read-only.
     read_only = not op.writes and impl != "legacy"
     async with connect(args.url, timeline=args.timeline, implementation=impl,
-                       read_only=read_only) as oracle:
+                       read_only=read_only, max_clock_skew_ms=args.max_clock_skew_ms) as oracle:
         result = await getattr(oracle, op.name)(*([args.ts] if op.takes_ts else []))
         if isinstance(result, WriteTimestamp):
             result = result.timestamp
         # An operation with no answer (apply, confirm) prints where reads stand afterwards.
-        print(result if result is not None else await oracle.read_ts())
+        ts = result if result is not None else await oracle.read_ts()
+    emit({"operation": op.command, "timeline": args.timeline, "implementation": impl,
+          "timestamp": ts, "stored": False}, args.output, lambda d: str(d["timestamp"]))
     return 0
 
 
-def _print_status(st: Any) -> None:
-    d = st.deployment
-    print(f"implementation: {d.implementation}   epoch: {d.epoch}   fencing: {d.fence}"
-          f"   rollout: {'in progress' if d.rollout else 'no'}"
-          f"   incarnation: {d.incarnation or '-'}")
-    rows = [("TIMELINE", "READ_TS", "WRITE_TS", "LAG_MS", "LEADER_EPOCH")]
-    for t in st.timelines:
-        rows.append((t.timeline, str(t.read_ts), str(t.write_ts),
-                     "-" if t.lag_ms is None else str(t.lag_ms), str(t.leader_epoch)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+async def _ts_stored(args: argparse.Namespace) -> int:
+    """`ts read|peek --stored`: the backend's row, read like `status` does, so no oracle is
+    opened and no legacy leadership is taken or confirmed."""
+    if args.op not in ("read", "peek"):
+        raise errors.ConfigError(f"--stored prints a stored value: use it with `tsoracle ts "
+                                 f"read` or `tsoracle ts peek`, not `{args.op}`")
+    if args.take_leadership or args.implementation:
+        raise errors.ConfigError("--stored reads the active implementation's stored values "
+                                 "and takes no leadership: drop --take-leadership and "
+                                 "--implementation")
+    st = await read_status(args.url)
+    row = next((t for t in st.timelines if t.timeline == args.timeline), None)
+    if row is None:
+        raise errors.UnknownTimeline(args.timeline)
+    impl = st.deployment.implementation
+    ts = row.read_ts if args.op == "read" else row.write_ts
+    meaning = STORED_MEANING[(impl, args.op)]
+    emit({"operation": args.op, "timeline": args.timeline, "implementation": impl,
+          "timestamp": ts, "stored": True, "meaning": meaning}, args.output,
+         lambda d: str(d["timestamp"]))
+    if args.output == "text":  # stdout stays one number for scripts; the label goes aside
+        name = "read_ts" if args.op == "read" else "write_ts"
+        print(f"stored {name} of {impl} timeline {args.timeline} at epoch "
+              f"{st.deployment.epoch}: {meaning}; no oracle was opened", file=sys.stderr)
+    return 0
+
+
+def _status_text(st: dict[str, Any]) -> str:
+    d = st["deployment"]
+    head = (f"implementation: {d['implementation']}   epoch: {d['epoch']}   fencing: "
+            f"{d['fence']}   rollout: {'in progress' if d['rollout'] else 'no'}"
+            f"   incarnation: {d['incarnation'] or '-'}")
+    rows = [(t["timeline"], t["read_ts"], t["write_ts"], t["lag_ms"], t["leader_epoch"])
+            for t in st["timelines"]]
+    return head + "\n" + table(("TIMELINE", "READ_TS", "WRITE_TS", "LAG_MS", "LEADER_EPOCH"),
+                                rows)
 
 
 async def _bench(args: argparse.Namespace) -> int:
-    from tsoracle.bench import format_result, run_bench
+    from tsoracle.bench import Progress, report_text, run_bench
 
     for mode in args.mode:
         if mode not in ("read", "write", "mixed"):
-            raise errors.ConfigError(f"unknown bench mode {mode!r}; use read, write or mixed")
+            raise errors.ConfigError(f"unknown bench mode {mode!r}; use --mode with read, "
+                                     "write or mixed")
     for impl in args.implementation:
         if impl not in IMPLEMENTATIONS:
-            raise errors.ConfigError(f"unknown implementation {impl!r}")
+            raise errors.ConfigError(f"unknown implementation {impl!r}; use --implementation "
+                                     "with legacy, distributed or both")
     batching = [True, False] if args.with_raw else [not args.raw]
+    progress = Progress(modes=args.mode, implementations=args.implementation,
+                        concurrencies=args.concurrency, batching=batching,
+                        seconds=args.duration, file=sys.stderr)
     report = await run_bench(
         args.url, modes=args.mode, implementations=args.implementation,
         concurrencies=args.concurrency, seconds=args.duration, batching=batching,
-        on_result=None if args.json else (lambda r: print(format_result(r), flush=True)),
+        on_result=progress.finished,
     )
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        b = report["bare_select"]
-        print(f"bare SELECT round trip: p50={b['p50_ms']:.3f} ms p99={b['p99_ms']:.3f} ms")
-        for key, entry in report["summary"].items():
-            print(f"{key}: " + "  ".join(f"{k}={v:.3f}" for k, v in entry.items()))
+    emit(report, args.output, lambda r: report_text(r, args.duration))
     return 0
 
 
@@ -229,7 +300,7 @@ def run(coro: Coroutine[Any, Any, int]) -> int:
     try:
         return asyncio.run(coro)
     except errors.OracleError as exc:
-        print(f"tsoracle: error: {exc}", file=sys.stderr)
+        print(f"tsoracle: error: {exc.for_cli()}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -237,6 +308,8 @@ def run(coro: Coroutine[Any, Any, int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if "url" in args:
+        args.url = args.url or os.environ.get("TSORACLE_URL") or DEFAULT_URL
     try:
         if args.command == "demo":
             with needs_extra("spark", "`tsoracle demo`"):  # the demo imports Spark lazily
@@ -253,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                          lease_namespace=args.lease_namespace, lease_name=args.lease_name)
             return 0
     except errors.OracleError as exc:
-        print(f"tsoracle: error: {exc}", file=sys.stderr)
+        print(f"tsoracle: error: {exc.for_cli()}", file=sys.stderr)
         return 1
     return run(_run(args))
 

@@ -2,9 +2,54 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Self
+
+
+@dataclass(frozen=True)
+class Arg:
+    """An argument that an error message tells the caller to change.
+
+    Python callers read it as a keyword argument (`implementation='legacy'`), the command line
+    as a flag (`--implementation legacy`): `OracleError.worded` renders both from one template,
+    so no message shows a `tsoracle` user Python syntax, or a library user a flag.
+    """
+
+    name: str  # the keyword argument; its flag is --name-with-dashes
+    value: Any = None  # the value to pass; None: the argument itself
+    omit: bool = False  # leave the argument out (Python: pass None)
+
+    def python(self) -> str:
+        if self.omit:
+            return f"{self.name}=None"
+        return self.name if self.value is None else f"{self.name}={self.value!r}"
+
+    def flag(self) -> str:
+        flag = "--" + self.name.replace("_", "-")
+        if self.omit:
+            return f"omit {flag}"
+        return flag if self.value is None or self.value is True else f"{flag} {self.value}"
+
 
 class OracleError(Exception):
     """Base class of every error tsoracle raises on purpose."""
+
+    cli_text: str | None = None  # the message in command-line terms, when it names arguments
+
+    @classmethod
+    def worded(cls, template: str, **values: Any) -> Self:
+        """An error whose message names arguments (`Arg` values): `str()` says them the Python
+        way, `for_cli()` as flags. Other values are formatted as given (`{timeline!r}`)."""
+        def fill(render: str) -> str:
+            return template.format(**{k: getattr(v, render)() if isinstance(v, Arg) else v
+                                      for k, v in values.items()})
+        err = cls(fill("python"))
+        err.cli_text = fill("flag")
+        return err
+
+    def for_cli(self) -> str:
+        """The message as `tsoracle` shows it: flags, not keyword arguments."""
+        return self.cli_text or str(self)
 
 
 class ConfigError(OracleError):
@@ -73,7 +118,7 @@ class TimelineMismatch(OracleError):
 
 
 class ReadOnly(OracleError):
-    """A write operation on an oracle opened with read_only=True."""
+    """A write operation on an oracle opened read-only."""
 
 
 class ClockSkew(OracleError):
@@ -81,10 +126,12 @@ class ClockSkew(OracleError):
 
     @classmethod
     def ahead(cls, timeline: str, ts: int, now: int, allowed_ms: int) -> ClockSkew:
-        return cls(
-            f"timeline {timeline!r} would hand out {ts}, {ts - now} ms ahead of this "
-            f"process's wall clock, more than the allowed {allowed_ms} ms; check the clocks "
-            "of the writers, or raise max_clock_skew_ms"
+        return cls.worded(
+            "timeline {timeline!r} would hand out {ts}, {ahead} ms ahead of this process's wall "
+            "clock, more than the allowed {allowed} ms; check the clocks of the writers, or "
+            "raise {skew}",
+            timeline=timeline, ts=ts, ahead=ts - now, allowed=allowed_ms,
+            skew=Arg("max_clock_skew_ms"),
         )
 
 
@@ -93,7 +140,7 @@ class TimestampExhausted(OracleError):
 
     @classmethod
     def at_end(cls, timeline: str) -> TimestampExhausted:
-        return cls(f"timeline {timeline!r} reached the largest timestamp (2**64 - 1); "
+        return cls(f"timeline {timeline!r} reached the largest timestamp ({2**64 - 1}); "
                    "start a new timeline")
 
 

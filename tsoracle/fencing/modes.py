@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tsoracle.errors import ConfigError, Fenced, Reprovisioned
+from tsoracle.errors import Arg, ConfigError, Fenced, Reprovisioned
 from tsoracle.store import Backend, Tx
 
 MODES = ("Always", "Rollout", "Disabled")
@@ -106,10 +106,9 @@ def superseded(opened: Deployment, now: Deployment, implementation: str) -> Fenc
         what = f"the active implementation is now {now.implementation!r} (epoch {now.epoch})"
     else:
         what = f"the epoch moved from {opened.epoch} to {now.epoch}"
-    return Fenced(
-        f"this {implementation} oracle was fenced: {what}; reopen it with tsoracle.connect("
-        f"implementation={now.implementation!r})"
-    )
+    return Fenced.worded("this {impl} oracle was fenced: {what}; reopen it with {use}",
+                         impl=implementation, what=what,
+                         use=Arg("implementation", now.implementation))
 
 
 async def set_fencing(backend: Backend, mode: str, *, generation: int | None = None) -> Deployment:

@@ -40,7 +40,7 @@ def wall_clock_ms() -> int:
 
 def check_ts(ts: object) -> int:
     if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts <= U64_MAX:
-        raise ConfigError(f"timestamp {ts!r} is not an integer in [0, 2**64 - 1]")
+        raise ConfigError(f"timestamp {ts!r} is not an integer in [0, {U64_MAX}]")
     return ts
 
 
@@ -211,7 +211,7 @@ class TimestampOracle(ABC):
     def _writable(self, op: str) -> None:
         if self.read_only:
             raise ReadOnly(
-                f"{op} needs a writable oracle; this one was opened with read_only=True"
+                f"{op} needs a writable oracle; this one was opened read-only"
             )
 
     async def _observe(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:

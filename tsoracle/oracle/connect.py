@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from tsoracle.errors import ConfigError, Fenced, NotInitialized, UnknownTimeline
+from tsoracle.errors import Arg, ConfigError, Fenced, NotInitialized, UnknownTimeline
 from tsoracle.fencing import (
     Deployment,
     check_implementation,
@@ -77,12 +77,12 @@ async def open_oracle(
     if fencing is not None:
         check_mode(fencing)
     if implementation == "legacy" and read_only:
-        raise ConfigError(
+        raise ConfigError.worded(
             "the legacy oracle serves from its leader's memory, so it cannot be read-only; "
-            "open read-only clients with implementation='distributed'"
-        )
+            "open read-only clients with {use}", use=Arg("implementation", "distributed"))
     if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
-        raise ConfigError(f"pool_size must be a positive integer, got {pool_size!r}")
+        raise ConfigError.worded("{pool} must be a positive integer, got {got!r}",
+                                 pool=Arg("pool_size"), got=pool_size)
     impl_label = implementation or "active"
     backend = await open_instrumented_backend(url, impl_label, pool_size=pool_size, retry=retry)
     try:
@@ -91,19 +91,21 @@ async def open_oracle(
             raise UnknownTimeline(tl.name)
         chosen = implementation or dep.implementation
         if chosen != dep.implementation:
-            raise Fenced(
-                f"the active implementation is {dep.implementation!r} (epoch {dep.epoch}), not "
-                f"{chosen!r}; open with implementation={dep.implementation!r} or None"
-            )
+            raise Fenced.worded(
+                "the active implementation is {active!r} (epoch {epoch}), not {chosen!r}; use "
+                "{use}, or {follow} to follow the active implementation",
+                active=dep.implementation, epoch=dep.epoch, chosen=chosen,
+                use=Arg("implementation", dep.implementation),
+                follow=Arg("implementation", omit=True))
         cls = LegacyOracle if chosen == "legacy" else DistributedOracle
         if backend.pooled and pool_size <= cls.pinned_connections:
             # Pinned connections would take the whole pool and every other statement would
             # wait for a connection that never comes free.
-            raise ConfigError(
-                f"pool_size={pool_size} is too small for the {chosen} oracle: it keeps "
-                f"{cls.pinned_connections} connection(s) for batched calls and needs at least "
-                f"one more; use pool_size >= {cls.pinned_connections + 1}"
-            )
+            raise ConfigError.worded(
+                "{pool} is too small for the {chosen} oracle: it keeps {pinned} connection(s) "
+                "for batched calls and needs at least one more; use {enough} or more",
+                pool=Arg("pool_size", pool_size), chosen=chosen, pinned=cls.pinned_connections,
+                enough=Arg("pool_size", cls.pinned_connections + 1))
         common: dict[str, Any] = dict(read_only=read_only, fencing_override=fencing, now=now,
                       max_clock_skew_ms=max_clock_skew_ms)
         if chosen == "legacy":

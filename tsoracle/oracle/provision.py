@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tsoracle.errors import ConfigError, Fenced
+from tsoracle.errors import Arg, ConfigError, Fenced
 from tsoracle.fencing import (
     IMPLEMENTATIONS,
     Deployment,
@@ -55,10 +55,9 @@ async def provision(
     check_implementation(implementation)
     if isinstance(initial_ts, bool) or not isinstance(initial_ts, int) \
             or not 0 <= initial_ts <= U64_MAX:
-        raise ConfigError(
-            f"the initial timestamp (--initial-ts, initial_ts) must be an integer in "
-            f"[0, {U64_MAX}], got {initial_ts!r}"
-        )
+        raise ConfigError.worded(
+            "the initial timestamp ({arg}) must be an integer in [0, {top}], got {got!r}",
+            arg=Arg("initial_ts"), top=U64_MAX, got=initial_ts)
     fence = check_mode(fencing or "Always")
     await ensure_tables(backend, implementation=implementation, fence=fence, owner=owner)
     if fencing is not None:

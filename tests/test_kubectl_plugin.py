@@ -72,7 +72,8 @@ def test_status_flip_fencing_report(kube, oracle_ns, plugin, tmp_path):
     by_ns = {r[0]: r for r in rows(every.stdout)[1:]}
     assert rows(every.stdout)[0][:2] == ["NAMESPACE", "NAME"]
     assert by_ns[ns][1:4] == ["orders", "distributed", "distributed"]
-    assert by_ns[other][1:4] == ["orders", "-", "legacy"]
+    # As `kubectl get tso` shows it: nothing in force yet, only the desired implementation.
+    assert by_ns[other][1:9] == ["orders", "-", "legacy", "-", "-", "-", "-", "0"]
     listed_json = json.loads(plugin("status", "-A", "-o", "json").stdout)
     assert {(i["namespace"], i["name"]) for i in listed_json["items"]} >= {(ns, "orders"),
                                                                            (other, "orders")}

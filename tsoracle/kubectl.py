@@ -132,10 +132,11 @@ def summary(obj: dict[str, Any]) -> dict[str, Any]:
         "name": meta["name"], "namespace": meta["namespace"],
         "implementation": st.get("activeImplementation"),
         "desiredImplementation": spec.get("implementation"),
-        "epoch": st.get("epoch"), "fencing": st.get("fencing") or spec.get("fencing"),
+        # In force, as the CRD's printer column shows it (none before the first reconcile).
+        "epoch": st.get("epoch"), "fencing": st.get("fencing"),
         "desiredFencing": spec.get("fencing"),
         "rollout": _condition(obj, "RolloutInProgress").get("status") == "True",
-        "ready": ready.get("status", "Unknown"), "reason": ready.get("reason", ""),
+        "ready": ready.get("status"), "reason": ready.get("reason"),
         "message": ready.get("message", ""), "age": age(meta.get("creationTimestamp")),
         "created": meta.get("creationTimestamp"),
         "schema": (spec.get("backend") or {}).get("schema"),
@@ -170,7 +171,7 @@ def _one_text(s: dict[str, Any]) -> str:
         fencing += f" (changing to {s['desiredFencing']})"
     if s["rollout"]:
         fencing += "  (rollout in progress)"
-    ready = s["ready"] + (f" ({s['reason']})" if s["reason"] else "")
+    ready = (s["ready"] or "-") + (f" ({s['reason']})" if s["reason"] else "")
     out = [f"TimestampOracle {s['namespace']}/{s['name']}",
            fields([("implementation", impl), ("epoch", s["epoch"]), ("fencing", fencing),
                    ("ready", ready), ("schema", s["schema"]), ("age", s["age"])], indent=2),

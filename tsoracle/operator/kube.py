@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from tsoracle.operator.logs import describe_api_error, is_transient
 from tsoracle.resource import GROUP, PLURAL, VERSION, read_secret_url_sync
+
+log = logging.getLogger("tsoracle.operator")
+PROBE_BUDGET_S = 30.0  # then kopf starts anyway (and keeps retrying, at WARNING)
+PROBE_EVERY_S = 1.0
 
 
 @cache
@@ -19,6 +28,95 @@ def api_client() -> client.ApiClient:
     except config.ConfigException:
         config.load_kube_config()
     return client.ApiClient()
+
+
+def _probe_client() -> client.ApiClient:
+    """Without urllib3's own retries: each probe is one request, and a refused connection is
+    not logged by urllib3 three times over."""
+    cfg = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+    except config.ConfigException:
+        config.load_kube_config(client_configuration=cfg)
+    cfg.retries = False
+    return client.ApiClient(cfg)
+
+
+def _probe(api: client.ApiClient, namespaces: Sequence[str]) -> str | None:
+    """Why the API server cannot serve the operator yet, or None once it can (or once it
+    answers with something a wait will not change: kopf reports that itself)."""
+    objects = client.CustomObjectsApi(api)
+    try:
+        found = objects.get_api_resources(GROUP, VERSION, _request_timeout=5)
+        if not any(r.name == PLURAL for r in (found.resources or [])):
+            return f"{PLURAL}.{GROUP} not served yet"
+    except ApiException as exc:
+        if exc.status == 404:  # discovery lags a starting server's CRDs by a moment
+            return f"{PLURAL}.{GROUP} not served yet"
+        if exc.status == 403:
+            # Discovery is open to every authenticated user: a starting server refuses it
+            # until its RBAC authorizer has loaded the bootstrap roles.
+            return f"403 {_forbidden(exc)}"
+        return describe_api_error(exc) if is_transient(exc) else None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        return describe_api_error(exc)
+    # A list through the watch cache, the request kopf starts with: it answers 429 "storage
+    # is (re)initializing" until that cache is filled.
+    for ns in namespaces or [None]:
+        try:
+            if ns is None:
+                objects.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1,
+                                                   _request_timeout=5)
+            else:
+                objects.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, limit=1,
+                                                      _request_timeout=5)
+        except ApiException as exc:
+            # A namespace's 403 is RBAC still loading (the chart grants the list), or missing
+            # rights that waiting will not fix: wait within the budget. Cluster-wide, the
+            # operator may rightly lack the right (`kopf run` with --namespace): go on.
+            if exc.status == 403 and ns is not None:
+                return f"403 {_forbidden(exc)}"
+            return describe_api_error(exc) if is_transient(exc) else None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return describe_api_error(exc)
+    return None
+
+
+def _forbidden(exc: ApiException) -> str:
+    # The server appends every role it could not find yet ("RBAC: [...]"): noise here.
+    said = describe_api_error(exc).removeprefix("403 ").split(": RBAC:", 1)[0]
+    return f"{said}; authorization not loaded yet?"
+
+
+async def wait_until_served(namespaces: Sequence[str],
+                            budget_s: float = PROBE_BUDGET_S) -> None:
+    """Hold kopf's start until the API server serves TimestampOracles.
+
+    kopf resolves its resources once at start (scanning is off): one that the API server does
+    not list yet, as right after it starts, would never be served. And every request kopf makes
+    meanwhile would be logged as an ERROR. Bounded, so that the liveness endpoint (which kopf
+    opens only after start-up) comes up even if the API server does not.
+    """
+    started = time.monotonic()
+    api = _probe_client()
+    told: str | None = None
+    try:
+        while True:
+            problem = await asyncio.to_thread(_probe, api, namespaces)
+            if problem is None:
+                if told is not None:
+                    log.info("API server ready after %.1f s", time.monotonic() - started)
+                return
+            if time.monotonic() - started > budget_s:
+                log.warning("API server still not ready after %.0f s (%s); starting anyway",
+                            budget_s, problem)
+                return
+            if problem != told:
+                log.info("API server not ready yet (%s); retrying", problem)
+                told = problem
+            await asyncio.sleep(PROBE_EVERY_S)
+    finally:
+        api.close()
 
 
 async def read_secret_url(namespace: str, name: str, key: str) -> str:

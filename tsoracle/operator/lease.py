@@ -18,10 +18,12 @@ import socket
 import time
 import uuid
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tsoracle.operator.kube import api_client
+from tsoracle.operator.logs import describe_api_error, is_transient, starting_up
 
 DURATION_S = 15
 RENEW_EVERY_S = 5
@@ -42,6 +44,9 @@ class LeaderLease:
         # client-go does), never by comparing another host's renewTime with our wall clock.
         self._seen: tuple[str, object] | None = None
         self._seen_at = 0.0
+        self._told_holder = ""  # the other holder we last said we stand by for
+        self._holding = False  # as last told: "acquired" until "lost"
+        self._told_failure = ""
 
     def held(self) -> bool:
         # A margin below the lease duration: stop acting before another operator may start.
@@ -65,23 +70,51 @@ class LeaderLease:
                         was = self.held()
                         self._held_until = started + DURATION_S - RENEW_EVERY_S
                         if not was:
-                            log.info("lease %s/%s acquired by %s", self.namespace, self.name,
-                                     self.identity)
+                            if not self._holding:
+                                log.info("lease %s/%s acquired by %s", self.namespace,
+                                         self.name, self.identity)
+                            self._holding = True
+                            self._told_holder = ""
                             self._changed.set()
-                    elif self.held():
+                    else:
                         self._held_until = 0.0
-                        log.warning("lease %s/%s lost", self.namespace, self.name)
-                except (ApiException, OSError) as exc:
-                    log.warning("lease %s/%s not renewed (%s); retrying", self.namespace,
-                                self.name, getattr(exc, "status", type(exc).__name__))
+                        if self._holding:  # also when paused past expiry: held() said no
+                            log.warning("lease %s/%s lost", self.namespace, self.name)
+                            self._holding = False
+                        holder = self._seen[0] if self._seen else ""
+                        if holder and holder != self._told_holder:
+                            log.info("lease %s/%s held by %s; standing by", self.namespace,
+                                     self.name, holder)
+                            self._told_holder = holder
+                    self._told_failure = ""
+                except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                    # urllib3's MaxRetryError (connection refused) is no OSError: without it
+                    # an API server restart ended this task, and the lease was never renewed.
+                    self._tell_failure(exc)
                 await asyncio.sleep(RENEW_EVERY_S)
         finally:
             if self.held():
                 self._held_until = 0.0
                 try:
                     await asyncio.to_thread(self._release)
-                except (ApiException, OSError):
-                    pass
+                    log.info("lease %s/%s released", self.namespace, self.name)
+                except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                    log.warning("lease %s/%s not released (%s); a successor takes over once "
+                                "it expires", self.namespace, self.name,
+                                describe_api_error(exc))
+
+    def _tell_failure(self, exc: BaseException) -> None:
+        """Once per cause: a starting API server's answers at INFO, the rest at WARNING."""
+        what = describe_api_error(exc)
+        if what == self._told_failure:
+            return
+        self._told_failure = what
+        if not self.held() and starting_up() and is_transient(exc):
+            log.info("lease %s/%s: API server not ready yet (%s); retrying", self.namespace,
+                     self.name, what)
+        else:
+            log.warning("lease %s/%s not %s (%s); retrying", self.namespace, self.name,
+                        "renewed" if self.held() else "acquired", what)
 
     def _api(self) -> client.CoordinationV1Api:
         return client.CoordinationV1Api(api_client())

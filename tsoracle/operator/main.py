@@ -15,7 +15,11 @@ def run_operator(*, namespaces: list[str], liveness_port: int, metrics_port: int
                  lease_name: str | None = None) -> None:
     """Reconciles only while holding the Lease (see operator/lease.py); without a lease
     namespace (flag, $TSORACLE_LEASE_NAMESPACE or $POD_NAMESPACE) it runs alone."""
-    from tsoracle.operator.handlers import LEASE_NAME_ENV, LEASE_NAMESPACE_ENV
+    from tsoracle.operator.handlers import (
+        LEASE_NAME_ENV,
+        LEASE_NAMESPACE_ENV,
+        WATCH_NAMESPACES_ENV,
+    )
 
     lease_namespace = (lease_namespace or os.environ.get(LEASE_NAMESPACE_ENV)
                        or os.environ.get("POD_NAMESPACE"))
@@ -23,6 +27,7 @@ def run_operator(*, namespaces: list[str], liveness_port: int, metrics_port: int
         os.environ[LEASE_NAMESPACE_ENV] = lease_namespace
     if lease_name:
         os.environ[LEASE_NAME_ENV] = lease_name
+    os.environ[WATCH_NAMESPACES_ENV] = ",".join(namespaces)  # for the start-up probe
     # libpq names the session, so a DBA sees the operator's sessions in pg_stat_activity.
     os.environ.setdefault("PGAPPNAME", "tsoracle-operator")
     kopf.configure(verbose=False)  # INFO logs in kopf's format; object bodies only at DEBUG

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from support.kube import Operator, condition, is_ready
 
+from tsoracle.operator import logs
 from tsoracle.operator.logs import KopfLogs, Story, describe_kopf_retry
 
 REFRESH = {"statusRefreshSeconds": 1}  # many passes: chances for a repeated line
@@ -166,7 +167,7 @@ def kopf_record(message: str, name: str = "kopf._cogs.clients.watching",
     return logging.LogRecord(name, level, __file__, 1, message, None, None)
 
 
-def test_kopf_retries_of_a_starting_api_server_are_told_as_such():
+def test_kopf_retries_of_a_starting_api_server_are_told_as_such(monkeypatch):
     assert describe_kopf_retry(KOPF_429) == (
         "429 storage is (re)initializing",
         "GET /apis/tsoracle.io/v1alpha1/namespaces/etl/timestamporacles")
@@ -186,12 +187,17 @@ def test_kopf_retries_of_a_starting_api_server_are_told_as_such():
                  "Handler 'deleted' failed with an exception. Will retry."):
         assert describe_kopf_retry(real) is None
 
+    path = "GET /apis/tsoracle.io/v1alpha1/namespaces/etl/timestamporacles"
+    monkeypatch.setattr(logs, "starting_up", lambda: True)
     record = kopf_record(KOPF_429)
-    assert KopfLogs(verbose=False).filter(record)
-    assert record.levelno in (logging.INFO, logging.WARNING)  # INFO while starting up
+    assert KopfLogs(verbose=False).filter(record) and record.levelno == logging.INFO
     assert record.getMessage() == ("API server not ready yet (429 storage is (re)initializing); "
-                                   "retrying GET /apis/tsoracle.io/v1alpha1/namespaces/etl/"
-                                   "timestamporacles")
+                                   f"retrying {path}")
+    monkeypatch.setattr(logs, "starting_up", lambda: False)  # later: an outage
+    record = kopf_record(KOPF_429)
+    assert KopfLogs(verbose=False).filter(record) and record.levelno == logging.WARNING
+    assert record.getMessage() == ("API server unavailable (429 storage is (re)initializing); "
+                                   f"retrying {path}")
     real = kopf_record("Request attempt #1/9 failed; will retry: GET https://h/api -> "
                        "APIServerError('boom', {}, status=500)")
     assert KopfLogs(verbose=False).filter(real) and real.levelno == logging.ERROR

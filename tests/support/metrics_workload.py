@@ -41,6 +41,8 @@ async def main(url: str, port: int, seconds: float) -> None:
                 await o.confirm_leadership()
             except tsoracle.Fenced:
                 oracles.pop(tl, None)
+            except tsoracle.OracleUnavailable:  # the backend is away: keep the oracle, try again
+                await asyncio.sleep(0.2)
             except tsoracle.OracleError:
                 oracles.pop(tl, None)
                 await asyncio.sleep(0.2)

@@ -4,8 +4,10 @@
     python tools/dashboards/build.py --check  # fail if the committed files are stale
 
 grafanalib, because the dashboards are then plain Python next to the PromQL list the tests
-check, built by a pip dependency with no Go or Node toolchain (Grafana's foundation SDK would
-need one of them for little gain here).
+check. grafanalib still writes fields of Grafana's pre-7 JSON and nulls that Grafana's current
+dashboard schema does not have; `grafana_v1` drops them, and every dashboard must then pass
+`grafana_model.problems` (Grafana's own dashboard model, from its foundation SDK) or nothing is
+written and `--check` fails.
 """
 
 from __future__ import annotations
@@ -20,18 +22,56 @@ from grafanalib.core import Dashboard, GridPos, Target, Templating, TimeSeries
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from panels import ALERTS, OPERATOR_PANELS, ORACLE_PANELS  # noqa: E402
+from grafana_model import SCHEMA_VERSION, problems  # noqa: E402
+from panels import ALERTS, OPERATOR_PANELS, ORACLE_PANELS, P  # noqa: E402
 
 CHART = HERE.parent.parent / "charts" / "tsoracle"
 RUNBOOKS = "docs/runbooks"
 
 
-def dashboard(title: str, uid: str, panels: list[tuple[str, str, str]]) -> str:
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+# Written by grafanalib, absent from Grafana's dashboard schema (pre-7 layout and query fields).
+LEGACY = {
+    "dashboard": {"__inputs", "hideControls", "rows", "sharedCrosshair", "style"},
+    "panel": {"editable", "error", "height", "minSpan", "span"},
+    "target": {"metric", "query", "step", "target"},
+    "timepicker": {"time_options"},
+}
+
+
+def _no_nulls(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _no_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_no_nulls(v) for v in value]
+    return value
+
+
+def grafana_v1(data: dict) -> dict:
+    """grafanalib's JSON as Grafana's dashboard schema (v1) has it."""
+    data = _no_nulls(data)
+    data["schemaVersion"] = SCHEMA_VERSION  # grafanalib says 12, a layout Grafana would migrate
+    for key in LEGACY["dashboard"]:
+        data.pop(key, None)
+    for key in LEGACY["timepicker"]:
+        data.get("timepicker", {}).pop(key, None)
+    for panel in data["panels"]:
+        for key in LEGACY["panel"]:
+            panel.pop(key, None)
+        panel["options"]["legend"]["showLegend"] = True  # required by the timeseries schema
+        for target in panel["targets"]:
+            for key in LEGACY["target"]:
+                target.pop(key, None)
+    return data
+
+
+def dashboard(title: str, uid: str, panels: list[P]) -> str:
     items = []
-    for n, (name, expr, unit) in enumerate(panels):
+    for n, p in enumerate(panels):
         items.append(TimeSeries(
-            title=name, dataSource="${datasource}", unit=unit,
-            targets=[Target(expr=expr, legendFormat="", refId="A")],
+            title=p.title, dataSource=DATASOURCE, unit=p.unit,
+            targets=[Target(expr=p.expr, legendFormat=p.legend, refId="A")],
             gridPos=GridPos(h=8, w=12, x=12 * (n % 2), y=8 * (n // 2)),
         ))
     board = Dashboard(
@@ -42,7 +82,12 @@ def dashboard(title: str, uid: str, panels: list[tuple[str, str, str]]) -> str:
             "label": "Prometheus",
         }]),
     ).auto_panel_ids()
-    return json.dumps(board.to_json_data(), cls=DashboardEncoder, indent=2, sort_keys=True)
+    data = grafana_v1(json.loads(json.dumps(board.to_json_data(), cls=DashboardEncoder)))
+    found = problems(data)
+    if found:
+        raise ValueError(f"{title}: Grafana's dashboard model rejects it:\n  "
+                         + "\n  ".join(found))
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def rules(for_override: str | None = None) -> str:

@@ -3,47 +3,80 @@ the alert rules, and the test that checks each expression returns data from a re
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 R = "[1m]"
 
+
+class P(NamedTuple):
+    """One panel. `unit` is Grafana's unit id (the dashboards); `legend` is Grafana's
+    legendFormat, also used for the rendered pictures; `axis` names the y axis there (default:
+    from the unit)."""
+
+    title: str
+    expr: str
+    unit: str
+    legend: str
+    axis: str = ""
+
+
+OI = "{{operation}} {{implementation}}"
+
 ORACLE_PANELS = [
-    ("Operations/s by operation and implementation",
-     f"sum by (operation, implementation) (rate(tsoracle_operations_succeeded_total{R}))",
-     "ops"),
-    ("Latency p50",
-     "histogram_quantile(0.5, sum by (le, operation, implementation) "
-     f"(rate(tsoracle_operation_duration_seconds_bucket{R})))", "s"),
-    ("Latency p99",
-     "histogram_quantile(0.99, sum by (le, operation, implementation) "
-     f"(rate(tsoracle_operation_duration_seconds_bucket{R})))", "s"),
-    ("Mean batch size",
-     f"sum by (operation, implementation) (rate(tsoracle_batch_size_sum{R})) / "
-     f"sum by (operation, implementation) (rate(tsoracle_batch_size_count{R}))", "short"),
-    ("Backend queries/s",
-     f"sum by (statement, implementation) (rate(tsoracle_backend_queries_total{R}))", "ops"),
-    ("Backend retries/s",
-     f"sum by (reason, implementation) (rate(tsoracle_backend_retries_total{R}))", "ops"),
-    ("Failed operations/s",
-     f"sum by (operation, error) (rate(tsoracle_operations_failed_total{R}))", "ops"),
-    ("confirm_leadership p99",
-     "histogram_quantile(0.99, sum by (le, implementation) "
-     f"(rate(tsoracle_confirm_leadership_duration_seconds_bucket{R})))", "s"),
-    ("Epoch", "max by (timeline) (tsoracle_epoch)", "short"),
-    ("read_ts lag behind the wall clock",
-     "max by (timeline) (tsoracle_read_ts_lag_milliseconds)", "ms"),
+    P("Operations/s by operation and implementation",
+      f"sum by (operation, implementation) (rate(tsoracle_operations_succeeded_total{R}))",
+      "ops", OI),
+    P("Latency p50",
+      "histogram_quantile(0.5, sum by (le, operation, implementation) "
+      f"(rate(tsoracle_operation_duration_seconds_bucket{R})))", "s", OI),
+    P("Latency p99",
+      "histogram_quantile(0.99, sum by (le, operation, implementation) "
+      f"(rate(tsoracle_operation_duration_seconds_bucket{R})))", "s", OI),
+    P("Mean batch size",
+      f"sum by (operation, implementation) (rate(tsoracle_batch_size_sum{R})) / "
+      f"sum by (operation, implementation) (rate(tsoracle_batch_size_count{R}))", "short", OI,
+      "callers per backend query"),
+    P("Backend queries/s",
+      f"sum by (statement, implementation) (rate(tsoracle_backend_queries_total{R}))", "ops",
+      "{{statement}} {{implementation}}"),
+    P("Backend retries/s",
+      f"sum by (reason, implementation) (rate(tsoracle_backend_retries_total{R}))", "ops",
+      "{{reason}} {{implementation}}"),
+    P("Failed operations/s",
+      f"sum by (operation, error) (rate(tsoracle_operations_failed_total{R}))", "ops",
+      "{{operation}} {{error}}"),
+    P("confirm_leadership p99",
+      "histogram_quantile(0.99, sum by (le, implementation) "
+      f"(rate(tsoracle_confirm_leadership_duration_seconds_bucket{R})))", "s",
+      "{{implementation}}"),
+    P("Epoch", "max by (timeline) (tsoracle_epoch)", "short", "{{timeline}}", "epoch"),
+    P("read_ts lag behind the wall clock",
+      "max by (timeline) (tsoracle_read_ts_lag_milliseconds)", "ms", "{{timeline}}"),
 ]
 
+# Flips in the last hour: increase() over a counter child that appeared within the window
+# misses its first flip (the child is created by that flip, so there is no earlier 0), so such
+# a child counts its whole value; a child that existed an hour ago counts its increase.
+FLIPS = "tsoracle_operator_flips_total"
+# The operator reconciles every few seconds per resource: two minutes hold enough passes.
+RO = "[2m]"
+
 OPERATOR_PANELS = [
-    ("Reconciles/s", "sum by (result) (rate(tsoracle_operator_reconciles_total[5m]))", "ops"),
-    ("Flips (last hour)", "sum by (to) (increase(tsoracle_operator_flips_total[1h]))", "short"),
-    ("Reconcile failures/s",
-     "sum by (reason) (rate(tsoracle_operator_failures_total[5m]))", "ops"),
-    ("Reconcile duration p99",
-     "histogram_quantile(0.99, sum by (le) "
-     "(rate(tsoracle_operator_reconcile_duration_seconds_bucket[5m])))", "s"),
-    ("Flip duration p99",
-     "histogram_quantile(0.99, sum by (le) "
-     "(rate(tsoracle_operator_flip_duration_seconds_bucket[1h])))", "s"),
-    ("Managed TimestampOracles", "sum(tsoracle_operator_managed_oracles)", "short"),
+    P("Reconciles/s", f"sum by (result) (rate(tsoracle_operator_reconciles_total{RO}))", "ops",
+      "{{result}}"),
+    P("Flips (last hour)",
+      f"sum((increase({FLIPS}[1h]) and {FLIPS} offset 1h) or {FLIPS}) or vector(0)", "short",
+      "flips", "flips"),
+    P("Reconcile failures/s",
+      f"sum by (reason) (rate(tsoracle_operator_failures_total{RO}))", "ops", "{{reason}}"),
+    P("Reconcile duration p99",
+      "histogram_quantile(0.99, sum by (le) "
+      f"(rate(tsoracle_operator_reconcile_duration_seconds_bucket{RO})))", "s", "p99"),
+    P("Flip duration p99",
+      "histogram_quantile(0.99, sum by (le) "
+      "(rate(tsoracle_operator_flip_duration_seconds_bucket[1h])))", "s", "p99"),
+    P("Managed TimestampOracles", "sum(tsoracle_operator_managed_oracles)", "short",
+      "resources", "resources"),
 ]
 
 # (name, expr, for, severity, summary, runbook); ALERT_SIGNALS lists, per alert, the series its

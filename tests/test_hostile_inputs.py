@@ -121,7 +121,7 @@ def test_operator_and_plugin_never_show_password_or_host(kube, chart, tmp_path):
         report = tmp_path / "report.zip"
         plugin = subprocess.run(
             [sys.executable, "-c", "import sys; from tsoracle.cli import kubectl_main; "
-             "sys.exit(kubectl_main())", "report", "h", "-n", ns, "--output", str(report),
+             "sys.exit(kubectl_main())", "report", "h", "-n", ns, "-f", str(report),
              "--operator-log", str(op.log)],
             capture_output=True, text=True, timeout=180,
             env={**os.environ, **kube.env()})

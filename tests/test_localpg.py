@@ -93,15 +93,18 @@ def test_servers_go_when_the_run_is_interrupted_or_killed(how, with_kube, tmp_pa
     env = {**os.environ, "HOLD_SERVERS_FILE": str(held),
            "HOLD_SERVERS_KUBE": "1" if with_kube else ""}
     env.pop("KUBECONFIG", None)  # the kube fixture would use an existing cluster instead
+    # Its output goes to a file: a pipe nobody reads fills up with the interrupted run's
+    # traceback and blocks it for good.
+    output = tmp_path / "inner.log"
     run = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          f"--basetemp={tmp_path / 'inner'}", str(ROOT / "tests/support/holds_servers.py")],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=ROOT, env=env, stdout=output.open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while not held.exists():
-            assert run.poll() is None, run.stdout.read().decode()[-3000:]
+            assert run.poll() is None, output.read_text()[-3000:]
             assert time.monotonic() < deadline, "the inner run never started its servers"
             time.sleep(0.2)
         servers = json.loads(held.read_text())

@@ -13,7 +13,14 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "lincheck"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+# Batched reads and confirmations pipeline at any round trip in the tests (the default starts
+# at 0.5 ms, which loopback never reaches): every suite runs with several batches in flight.
+# Subprocesses (workloads, lincheck workers) inherit it.
+import os  # noqa: E402
+
 from localpg import LocalPostgres  # noqa: E402
+
+os.environ.setdefault("TSORACLE_PIPELINE_FROM_RTT_MS", "0")
 
 BACKENDS = ["sqlite", "postgresql"]
 # CockroachDB runs every transaction SERIALIZABLE; PostgreSQL does when a DBA says so. Suites
@@ -93,7 +100,6 @@ def impl(request: pytest.FixtureRequest) -> str:
 
 # --- Kubernetes: a real API server (built from Go modules) and the chart's RBAC -------------
 
-import os  # noqa: E402
 import subprocess  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 

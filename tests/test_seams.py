@@ -26,7 +26,7 @@ ROOT = PACKAGE.parent
 # both stand on the resource module and know nothing of each other. Neutral modules import no
 # floor at all.
 FLOORS = {"store": 0, "fencing": 1, "oracle": 2, "resource": 3, "operator": 4, "spark": 4}
-NEUTRAL = {"errors", "coalesce", "extras", "output"}
+NEUTRAL = {"errors", "coalesce", "extras", "output", "eventloop"}
 
 
 def _floor(module: str) -> int | None:

@@ -98,10 +98,12 @@ async def _closed_loop(op: Callable[[], Awaitable[Any]], concurrency: int,
 
 
 async def run_one(url: str, *, mode: str, implementation: str, batching: bool,
-                  concurrency: int, seconds: float) -> Result:
+                  concurrency: int, seconds: float, pipeline_depth: int | None = None) -> Result:
     await flip(url, to=implementation)  # the bench schema is ours to flip
     oracle = await open_oracle(url, timeline=TIMELINE, implementation=implementation,
-                               batching=batching, fencing="Always")
+                               batching=batching, fencing="Always",
+                               pipeline_depth=pipeline_depth,
+                               pool_size=max(10, (pipeline_depth or 1) + 4))
     try:
         groups = 0
 
@@ -136,6 +138,7 @@ async def run_one(url: str, *, mode: str, implementation: str, batching: bool,
         queries = _queries(implementation) - q0
         read_queries = _queries(implementation, READ_STATEMENTS) - r0
         commit_queries = _queries(implementation, COMMIT_STATEMENTS) - c0
+        depth = oracle.pipeline_depth
     finally:
         await oracle.close()
     latencies.sort()
@@ -152,6 +155,7 @@ async def run_one(url: str, *, mode: str, implementation: str, batching: bool,
         groups=groups,
         queries_per_commit=((queries if mode == "write" else commit_queries) / groups
                             if groups else 0.0),
+        extra={"pipeline_depth": depth},
     )
 
 
@@ -216,7 +220,8 @@ async def probe_asyncio_ceiling(concurrency: int, seconds: float = 1.0) -> float
 
 async def run_bench(url: str, *, modes: list[str], implementations: list[str],
                     concurrencies: list[int], seconds: float, batching: list[bool],
-                    on_result: Callable[[Result], None] | None = None) -> dict[str, Any]:
+                    on_result: Callable[[Result], None] | None = None,
+                    pipeline_depth: int | None = None) -> dict[str, Any]:
     url = bench_url(url)
     await init(url, timelines=[TIMELINE])
     results = []
@@ -225,7 +230,8 @@ async def run_bench(url: str, *, modes: list[str], implementations: list[str],
             for c in concurrencies:
                 for b in batching:
                     r = await run_one(url, mode=mode, implementation=impl, batching=b,
-                                      concurrency=c, seconds=seconds)
+                                      concurrency=c, seconds=seconds,
+                                      pipeline_depth=pipeline_depth)
                     if mode == "read":
                         r.extra["asyncio_ceiling_ops_per_s"] = await probe_asyncio_ceiling(
                             c, min(seconds, 1.0))
@@ -233,7 +239,8 @@ async def run_bench(url: str, *, modes: list[str], implementations: list[str],
                     if on_result is not None:
                         on_result(r)
     bare = await probe_bare_select(url, min(seconds, 2.0))
-    return {"bare_select": bare, "results": [asdict(r) for r in results],
+    return {"event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+            "bare_select": bare, "results": [asdict(r) for r in results],
             "summary": summarize(results, bare)}
 
 

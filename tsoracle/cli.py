@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.metadata
 import os
 import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from tsoracle import errors
+from tsoracle import errors, eventloop
 from tsoracle.extras import needs_extra
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.oracle import EPOCH_MILLISECONDS, connect, finish_rollout, flip, init, set_fencing
@@ -148,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--raw", action="store_true", help="no read_ts batching")
     c.add_argument("--with-raw", action="store_true",
                    help="measure batched and raw in the same run, and report ratios")
+    c.add_argument("--pipeline-depth", type=int, metavar="K",
+                   help="batched read_ts calls in flight at once, 1 to 16 (default: the "
+                        "library's, 8)")
+    c.add_argument("--backend-latency-ms", type=float, default=0.0, metavar="MS",
+                   help="add this much to every round trip to PostgreSQL, through a relay the "
+                        "bench starts and stops (a distant backend on this machine)")
     return p
 
 
@@ -283,22 +288,35 @@ async def _bench(args: argparse.Namespace) -> int:
         if impl not in IMPLEMENTATIONS:
             raise errors.ConfigError(f"unknown implementation {impl!r}; use --implementation "
                                      "with legacy, distributed or both")
+    if args.backend_latency_ms < 0:
+        raise errors.ConfigError("--backend-latency-ms must be 0 or more")
     batching = [True, False] if args.with_raw else [not args.raw]
     progress = Progress(modes=args.mode, implementations=args.implementation,
                         concurrencies=args.concurrency, batching=batching,
                         seconds=args.duration, file=sys.stderr)
-    report = await run_bench(
-        args.url, modes=args.mode, implementations=args.implementation,
-        concurrencies=args.concurrency, seconds=args.duration, batching=batching,
-        on_result=progress.finished,
-    )
+
+    async def measure(url: str) -> dict[str, Any]:
+        return await run_bench(
+            url, modes=args.mode, implementations=args.implementation,
+            concurrencies=args.concurrency, seconds=args.duration, batching=batching,
+            on_result=progress.finished, pipeline_depth=args.pipeline_depth,
+        )
+
+    if args.backend_latency_ms:
+        from tsoracle.latency import relayed
+
+        with relayed(args.url, args.backend_latency_ms) as url:
+            report = await measure(url)
+        report["backend_latency_ms"] = args.backend_latency_ms
+    else:
+        report = await measure(args.url)
     emit(report, args.output, lambda r: report_text(r, args.duration))
     return 0
 
 
 def run(coro: Coroutine[Any, Any, int]) -> int:
     try:
-        return asyncio.run(coro)
+        return eventloop.run(coro)
     except errors.OracleError as exc:
         print(f"tsoracle: error: {exc.for_cli()}", file=sys.stderr)
         return 1

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -74,3 +77,166 @@ class Coalescer(Generic[T]):
                 if not fut.done():
                     fut.cancel()
             self._waiting = []
+
+
+MAX_PIPELINE_DEPTH = 16
+MIN_SAMPLES = 4  # calls measured before pipelining starts (a cold first call is slow)
+# Below this round trip (a loopback server) a batch costs more in this process's CPU than in
+# waiting, so a second batch in flight would only split the callers: one batch at a time. The
+# environment variable exists for tests, which pipeline at any round trip.
+PIPELINE_FROM_RTT_ENV = "TSORACLE_PIPELINE_FROM_RTT_MS"
+
+
+def default_pipeline_from_rtt_s() -> float:
+    return float(os.environ.get(PIPELINE_FROM_RTT_ENV, "0.5")) / 1000
+
+
+class Pipelined(Generic[T]):
+    """Like `Coalescer`, with up to `len(fns)` shared calls in flight (one per `fn`).
+
+    While calls are in flight, waiting callers are collected and sent as the next call once the
+    newest one has been out for round trip ÷ depth, the round trip being the shortest of the
+    last few calls. So a caller waits about that long plus one round trip, instead of the rest
+    of the running call plus its own. The rule of `Coalescer` holds: a caller is answered only
+    by a call that started after it began waiting.
+    """
+
+    def __init__(self, fns: list[Callable[[], Awaitable[T]]],
+                 on_batch: Callable[[int], None] | None = None, *,
+                 pipeline_from_rtt_s: float | None = None, samples: int = 256) -> None:
+        if not 1 <= len(fns) <= MAX_PIPELINE_DEPTH:
+            raise ValueError(f"pipeline depth must be 1 to {MAX_PIPELINE_DEPTH}, got {len(fns)}")
+        self._fns = fns
+        self._on_batch = on_batch
+        self._free = list(range(len(fns)))[::-1]  # the first connection is used most
+        self._waiting: list[asyncio.Future[T]] = []
+        self._running = 0
+        self._last_start = 0.0
+        # Under load, a call also waits for this process's event loop; the shortest of many
+        # recent calls is the one that waited least, the nearest to the bare round trip.
+        self._rtts: deque[float] = deque(maxlen=samples)
+        self._gap_s: float | None = None  # kept up to date by _measured (once per call)
+        self._from_rtt = pipeline_from_rtt_s if pipeline_from_rtt_s is not None \
+            else default_pipeline_from_rtt_s()
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def depth(self) -> int:
+        return len(self._fns)
+
+    @property
+    def rtt(self) -> float | None:
+        """The shortest recent call, in seconds: the round trip without queueing here."""
+        return min(self._rtts) if self._rtts else None
+
+    def _measured(self, seconds: float) -> None:
+        self._rtts.append(seconds)
+        rtt = min(self._rtts)  # once per call, not per caller
+        pipelining = len(self._rtts) >= MIN_SAMPLES and rtt >= self._from_rtt
+        self._gap_s = rtt / len(self._fns) if pipelining else None
+
+    def _gap(self) -> float | None:
+        """How long the newest call must be out before the next starts; None: until it ends."""
+        return self._gap_s
+
+    async def call(self) -> T:
+        loop = asyncio.get_running_loop()
+        if self._running == 0 and not self._waiting:
+            # Nothing in flight: run it here, without a task hop (the uncontended case).
+            index = self._take()
+            try:
+                if self._on_batch is not None:
+                    self._on_batch(1)
+                started = time.perf_counter()
+                value = await self._fns[index]()
+                self._measured(time.perf_counter() - started)
+                return value
+            finally:
+                self._give_back(index)
+        fut: asyncio.Future[T] = loop.create_future()
+        self._waiting.append(fut)
+        self._launch()
+        return await fut
+
+    async def idle(self) -> None:
+        """Wait until no call started here is still running (before its connection closes)."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    def _take(self) -> int:
+        self._running += 1
+        self._last_start = time.perf_counter()
+        return self._free.pop()
+
+    def _give_back(self, index: int) -> None:
+        self._running -= 1
+        self._free.append(index)
+        self._launch()
+
+    def _launch(self, due: bool = False) -> None:
+        if not self._waiting or not self._free:
+            return
+        loop = asyncio.get_running_loop()
+        if self._running and not due:
+            gap = self._gap()
+            if gap is None:
+                return  # the running call's end launches the next
+            wait = self._last_start + gap - time.perf_counter()
+            if wait > 0:
+                if self._timer is None:
+                    # Event loops wake in whole milliseconds (asyncio's epoll rounds up,
+                    # uvloop's clock ticks by 1 ms): a shorter gap is served at the next tick.
+                    self._timer = loop.call_later(max(wait, 0.001), self._on_timer)
+                return
+        batch, self._waiting = self._waiting, []
+        index = self._take()
+        task = loop.create_task(self._run(index, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        # The loop's clock may wake us a little early: go now rather than spin to its next tick.
+        self._launch(due=True)
+
+    async def _run(self, index: int, batch: list[asyncio.Future[T]]) -> None:
+        try:
+            while True:
+                await self._answer(index, batch)
+                # Not pipelining (a fast backend): the callers that gathered meanwhile go next,
+                # from this task, as `Coalescer` does: no task hop, no timer.
+                if not self._waiting or self._gap() is not None:
+                    return
+                batch, self._waiting = self._waiting, []
+                self._last_start = time.perf_counter()
+        finally:
+            self._give_back(index)
+
+    async def _answer(self, index: int, batch: list[asyncio.Future[T]]) -> None:
+        try:
+            if self._on_batch is not None:
+                self._on_batch(len(batch))
+            started = time.perf_counter()
+            value = await self._fns[index]()
+            self._measured(time.perf_counter() - started)
+        except Exception as exc:
+            for fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+        except BaseException:
+            for fut in [*batch, *self._waiting]:  # cancelled: no answer rather than a stale one
+                fut.cancel()
+            self._waiting = []
+            raise
+        else:
+            for fut in batch:
+                if not fut.done():
+                    fut.set_result(value)
+
+def shared_calls(fns: list[Callable[[], Awaitable[T]]],
+                 on_batch: Callable[[int], None] | None = None) -> Coalescer[T] | Pipelined[T]:
+    """One call in flight for a single `fn` (the proven path), else a pipeline of them."""
+    if len(fns) == 1:
+        return Coalescer(fns[0], on_batch)
+    return Pipelined(fns, on_batch)

@@ -21,8 +21,8 @@ VARIANTS = ("read-past-unapplied", "reuse-after-restart", "skip-epoch-check")
 def install(name: str) -> dict[str, Any]:
     """Patch the implementations in this process; returns extra open_oracle arguments."""
     if name == "read-past-unapplied":
-        async def read_write_ts(self: DistributedOracle) -> int:
-            rows = await self._fetch_pinned("read")
+        async def read_write_ts(self: DistributedOracle, conn: Any) -> int:
+            rows = await self._fetch_on("read", conn)
             assert rows
             return await self._peek_write_ts()
 

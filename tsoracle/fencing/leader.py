@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
-from tsoracle.coalesce import Coalescer
+from tsoracle.coalesce import Coalescer, shared_calls
 from tsoracle.errors import Fenced, LeadershipLost, UnknownTimeline
 from tsoracle.fencing.modes import (
     Deployment,
@@ -21,6 +22,7 @@ from tsoracle.fencing.modes import (
     superseded,
 )
 from tsoracle.store import Backend
+from tsoracle.store.backend import Pinned
 
 # Each statement also returns the deployment's fencing mode, so a change of mode reaches the
 # leader at its next reservation or confirmation, whatever the mode was when it started.
@@ -59,6 +61,7 @@ class Leadership:
         fencing_override: str | None = None,
         on_batch: Callable[[int], None] | None = None,
         on_query: Callable[[str], None] | None = None,
+        pipeline_depth: int = 1,
     ) -> None:
         self.backend = backend
         self.timeline = timeline
@@ -67,12 +70,20 @@ class Leadership:
         self.mode = opened.fence  # as last seen in storage
         self.fencing_override = fencing_override  # this process only, for experiments
         self._on_query = on_query or (lambda _name: None)
-        self._confirms = Coalescer(self._confirm_once, on_batch)
+        # Confirmations keep a connection for the first one in flight; further ones (up to
+        # `pipeline_depth`, coalesce.Pipelined) borrow from the pool.
+        self._confirm_conn = backend.pinned()
+        self._confirms = shared_calls(
+            [partial(self._confirm_once, self._confirm_conn),
+             *[partial(self._confirm_once, None)] * (pipeline_depth - 1)], on_batch)
         self._pending_reads: list[int] = []  # values of the callers the next persist serves
         self._persists = Coalescer(self._persist_read_once)
-        self._confirm_conn = backend.pinned()  # confirmations run one at a time
         self.fenced: Fenced | None = None
-        self._confirmed_at = time.monotonic()  # last time the storage named this leader
+        # When the statement whose answer was applied last started: the storage named this
+        # process leader, in `mode`, at least as late as that. Statements overlap (pipelined
+        # confirmations, a window reserved meanwhile) and may return in any order; an older
+        # one's answer must not overwrite a newer one's.
+        self._confirmed_at = time.monotonic()
 
     @property
     def confirms_reads(self) -> bool:
@@ -82,6 +93,12 @@ class Leadership:
     def since_confirmed(self) -> float:
         """Seconds since the storage last named this process leader."""
         return time.monotonic() - self._confirmed_at
+
+    def _saw(self, mode: str, started: float) -> None:
+        """A guarded statement that started at `started` succeeded and read `mode`."""
+        if started >= self._confirmed_at:
+            self._confirmed_at = started
+            self.mode = mode
 
     def _params(self, **extra: object) -> dict[str, object]:
         return {"timeline": self.timeline, "implementation": "legacy",
@@ -104,14 +121,14 @@ class Leadership:
         """Durably reserve timestamps up to `upper`; returns the reserved upper."""
         self.check()
         self._on_query("reserve_window")
+        started = time.monotonic()
         rows = await self.backend.fetch(
             _RESERVE,
             self._params(upper=self.backend.enc(upper), read=self.backend.enc(read_ts)),
         )
         if not rows:
             raise await self._explain()
-        self.mode = rows[0][1]
-        self._confirmed_at = time.monotonic()
+        self._saw(rows[0][1], started)
         return self.backend.dec(rows[0][0])
 
     async def persist_read(self, read_ts: int) -> None:
@@ -130,28 +147,31 @@ class Leadership:
         if not values:
             return
         self._on_query("persist_read")
+        started = time.monotonic()
         rows = await self.backend.fetch(
             _PERSIST_READ, self._params(read=self.backend.enc(max(values))))
         if not rows:
             raise await self._explain()
-        self.mode = rows[0][1]
-        self._confirmed_at = time.monotonic()
+        self._saw(rows[0][1], started)
 
     async def confirm(self) -> None:
         """Raise Fenced unless the storage still names this process leader; callers share calls."""
         self.check()
         await self._confirms.call()
 
-    async def _confirm_once(self) -> None:
+    async def _confirm_once(self, conn: Pinned | None) -> None:
         self.check()
         self._on_query("confirm_leadership")
-        rows = await self._confirm_conn.fetch(_CONFIRM, self._params())
+        params = self._params()
+        started = time.monotonic()
+        rows = await (conn.fetch(_CONFIRM, params) if conn is not None
+                      else self.backend.fetch(_CONFIRM, params))
         if not rows:
             raise UnknownTimeline(self.timeline)
-        ok, self.mode = rows[0]
+        ok, mode = rows[0]
         if not ok:
             raise await self._explain()
-        self._confirmed_at = time.monotonic()
+        self._saw(mode, started)
 
     async def idle(self) -> None:
         """Wait for batches still running (on the pinned connection, or the pool)."""

@@ -52,6 +52,7 @@ class TimestampOracle(ABC):
 
     implementation = "abstract"
     pinned_connections = 0  # pool connections an open oracle keeps for itself
+    pipeline_depth = 1  # batched calls in flight at once (coalesce.Pipelined)
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from tsoracle.coalesce import MAX_PIPELINE_DEPTH
 from tsoracle.errors import Arg, ConfigError, Fenced, NotInitialized, UnknownTimeline
 from tsoracle.fencing import (
     Deployment,
@@ -27,6 +28,9 @@ from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
 from tsoracle.store import Backend, RetryPolicy, open_backend, parse_url
 
 DEFAULT_MAX_CLOCK_SKEW_MS = 60_000
+# Batched read_ts / confirm_leadership calls in flight at once (coalesce.Pipelined;
+# docs/design.md, "Pipelined batches"): beyond the first, each borrows a pool connection.
+DEFAULT_PIPELINE_DEPTH = 8
 
 
 async def open_instrumented_backend(url: str, implementation: str = "admin",
@@ -63,13 +67,18 @@ async def open_oracle(
     window: int = DEFAULT_WINDOW,
     pool_size: int = 10,
     retry: RetryPolicy | None = None,
+    pipeline_depth: int | None = None,
 ) -> TimestampOracle:
     """Open an oracle the caller must `close()`; `connect` is the context-manager form.
 
-    `implementation=None` follows the deployment's active implementation. `fencing` overrides
-    the deployment's mode for this process only (for experiments; production follows the
-    deployment); like the deployment's mode it only decides whether a legacy leader confirms
-    before answering from memory, never whether a fenced process may allocate.
+    `implementation=None` follows the deployment's active implementation. `pipeline_depth`:
+    how many batched `read_ts` (and `confirm_leadership`) calls may be in flight at once
+    (default 8, fewer when `pool_size` leaves less room: beyond the first, each borrows a
+    pool connection while it runs).
+    `fencing` overrides the deployment's mode for this process only (for experiments;
+    production follows the deployment); like the deployment's mode it only decides whether a
+    legacy leader confirms before answering from memory, never whether a fenced process may
+    allocate.
     """
     tl = parse_timeline(timeline)
     if implementation is not None:
@@ -83,6 +92,12 @@ async def open_oracle(
     if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
         raise ConfigError.worded("{pool} must be a positive integer, got {got!r}",
                                  pool=Arg("pool_size"), got=pool_size)
+    if pipeline_depth is not None and (
+            isinstance(pipeline_depth, bool) or not isinstance(pipeline_depth, int)
+            or not 1 <= pipeline_depth <= MAX_PIPELINE_DEPTH):
+        raise ConfigError.worded("{depth} must be an integer from 1 to {most}, got {got!r}",
+                                 depth=Arg("pipeline_depth"), most=MAX_PIPELINE_DEPTH,
+                                 got=pipeline_depth)
     impl_label = implementation or "active"
     backend = await open_instrumented_backend(url, impl_label, pool_size=pool_size, retry=retry)
     try:
@@ -98,16 +113,31 @@ async def open_oracle(
                 use=Arg("implementation", dep.implementation),
                 follow=Arg("implementation", omit=True))
         cls = LegacyOracle if chosen == "legacy" else DistributedOracle
-        if backend.pooled and pool_size <= cls.pinned_connections:
+        pinned = cls.pinned_connections
+        if backend.pooled and pool_size <= pinned:
             # Pinned connections would take the whole pool and every other statement would
             # wait for a connection that never comes free.
             raise ConfigError.worded(
                 "{pool} is too small for the {chosen} oracle: it keeps {pinned} connection(s) "
                 "for batched calls and needs at least one more; use {enough} or more",
-                pool=Arg("pool_size", pool_size), chosen=chosen, pinned=cls.pinned_connections,
-                enough=Arg("pool_size", cls.pinned_connections + 1))
+                pool=Arg("pool_size", pool_size), chosen=chosen, pinned=pinned,
+                enough=Arg("pool_size", pinned + 1))
+        depth = pipeline_depth or DEFAULT_PIPELINE_DEPTH
+        if backend.pooled:
+            # Batches beyond the first borrow pool connections; one stays for everything else.
+            room = pool_size - pinned
+            if pipeline_depth is None:
+                depth = max(1, min(depth, room))
+            elif depth > room:
+                raise ConfigError.worded(
+                    "{pool} leaves room for {room} batched call(s) in flight besides the "
+                    "{pinned} connection(s) the {chosen} oracle keeps; use {smaller} or {bigger}",
+                    pool=Arg("pool_size", pool_size), room=max(room, 0), pinned=pinned,
+                    chosen=chosen, smaller=Arg("pipeline_depth", max(room, 1)),
+                    bigger=Arg("pool_size", pinned + depth))
         common: dict[str, Any] = dict(read_only=read_only, fencing_override=fencing, now=now,
-                      max_clock_skew_ms=max_clock_skew_ms)
+                      max_clock_skew_ms=max_clock_skew_ms,
+                      pipeline_depth=depth)
         if chosen == "legacy":
             legacy = LegacyOracle(backend, tl, dep, window=window, **common)
             await legacy.start()

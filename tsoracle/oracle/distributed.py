@@ -7,13 +7,15 @@ deployment has moved past gets `Fenced` from the same statement, with no extra r
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from tsoracle.coalesce import Coalescer
+from tsoracle.coalesce import shared_calls
 from tsoracle.errors import ClockSkew, TimestampExhausted, UnknownTimeline
 from tsoracle.fencing import read_deployment, superseded
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
 from tsoracle.store import U64_MAX
+from tsoracle.store.backend import Pinned
 
 # One statement per operation; each carries the fencing guard, checked by the row it touches.
 _SQL = {
@@ -33,24 +35,36 @@ class DistributedOracle(TimestampOracle):
     implementation = "distributed"
     pinned_connections = 2  # batched reads, batched confirmations (see __init__)
 
-    def __init__(self, *args: Any, batching: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, batching: bool = True, pipeline_depth: int = 1,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.pipeline_depth = pipeline_depth
         self._sql = _SQL
         self._base = {"timeline": self.timeline.name, "implementation": "distributed",
                       **self.deployment.guard_params()}
-        # Batched reads and confirmations run one statement at a time: each keeps a connection.
-        self._pinned = {"read": self.backend.pinned(), "confirm": self.backend.pinned()}
-        self._reads = Coalescer(self._query_read, self.batch_observer("read_ts")) if batching \
-            else None
-        self._confirms = Coalescer(self._query_confirm, self.batch_observer("confirm_leadership"))
+        # Batched reads and confirmations each keep a connection for the first batch in flight;
+        # further ones (up to `pipeline_depth`, coalesce.Pipelined) borrow from the pool.
+        self._read_conn, confirm_conn = self.backend.pinned(), self.backend.pinned()
+        self._pinned = [self._read_conn, confirm_conn]
+        self._reads = shared_calls(
+            [partial(self._query_read, self._read_conn),
+             *[partial(self._query_read, None)] * (pipeline_depth - 1)],
+            self.batch_observer("read_ts")) if batching else None
+        self._confirms = shared_calls(
+            [partial(self._query_confirm, confirm_conn),
+             *[partial(self._query_confirm, None)] * (pipeline_depth - 1)],
+            self.batch_observer("confirm_leadership"))
 
     async def _fetch(self, name: str, **params: Any) -> list[tuple[Any, ...]]:
         self.count_query(name)
         return await self.backend.fetch(self._sql[name], {**self._base, **params})
 
-    async def _fetch_pinned(self, name: str) -> list[tuple[Any, ...]]:
+    async def _fetch_on(self, name: str, conn: Pinned | None) -> list[tuple[Any, ...]]:
+        """On `conn`, or on any pool connection when None."""
+        if conn is None:
+            return await self._fetch(name)
         self.count_query(name)
-        return await self._pinned[name].fetch(self._sql[name], self._base)
+        return await conn.fetch(self._sql[name], self._base)
 
     async def _quiesce(self) -> None:
         await super()._quiesce()
@@ -60,7 +74,7 @@ class DistributedOracle(TimestampOracle):
         await self._confirms.idle()
 
     async def _close_resources(self) -> None:
-        for pinned in self._pinned.values():
+        for pinned in self._pinned:
             await pinned.close()
         await super()._close_resources()
 
@@ -81,11 +95,11 @@ class DistributedOracle(TimestampOracle):
 
     async def _read_ts(self) -> int:
         if self._reads is None:
-            return await self._query_read()
+            return await self._query_read(self._read_conn)
         return await self._reads.call()
 
-    async def _query_read(self) -> int:
-        return await self._guarded_value(await self._fetch_pinned("read"))
+    async def _query_read(self, conn: Pinned | None) -> int:
+        return await self._guarded_value(await self._fetch_on("read", conn))
 
     async def _guarded_value(self, rows: list[tuple[Any, ...]]) -> int:
         """The timestamp of a `SELECT value, guard` row, or the reason there is none."""
@@ -104,8 +118,8 @@ class DistributedOracle(TimestampOracle):
     async def _confirm_leadership(self) -> None:
         await self._confirms.call()
 
-    async def _query_confirm(self) -> None:
-        rows = await self._fetch_pinned("confirm")
+    async def _query_confirm(self, conn: Pinned | None) -> None:
+        rows = await self._fetch_on("confirm", conn)
         if not rows:
             raise UnknownTimeline(self.timeline.name)
         if not rows[0][0]:

@@ -23,15 +23,18 @@ class LegacyOracle(TimestampOracle):
     implementation = "legacy"
     pinned_connections = 1  # the leadership's batched confirmations
 
-    def __init__(self, *args: Any, window: int = DEFAULT_WINDOW, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, window: int = DEFAULT_WINDOW, pipeline_depth: int = 1,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if window < 1:
             raise ValueError("window must be at least 1")
         self.window = window
+        self.pipeline_depth = pipeline_depth
         self.leadership = Leadership(
             self.backend, self.timeline.name, self.deployment,
             fencing_override=self.fencing_override,
             on_batch=self.batch_observer("confirm_leadership"), on_query=self.count_query,
+            pipeline_depth=pipeline_depth,
         )
         self._read = 0
         self._write = 0

@@ -8,6 +8,7 @@ from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from tsoracle.eventloop import new_event_loop
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
 from tsoracle.oracle.connect import open_oracle
 
@@ -18,7 +19,7 @@ class LoopThread:
     """A private event loop running on a daemon thread."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="tsoracle-loop",
                                         daemon=True)
         self._thread.start()

@@ -116,6 +116,7 @@ class Pipelined(Generic[T]):
         # recent calls is the one that waited least, the nearest to the bare round trip.
         self._rtts: deque[float] = deque(maxlen=samples)
         self._gap_s: float | None = None  # kept up to date by _measured (once per call)
+        self._rtt: float | None = None  # min(self._rtts)
         self._from_rtt = pipeline_from_rtt_s if pipeline_from_rtt_s is not None \
             else default_pipeline_from_rtt_s()
         self._timer: asyncio.TimerHandle | None = None
@@ -128,13 +129,19 @@ class Pipelined(Generic[T]):
     @property
     def rtt(self) -> float | None:
         """The shortest recent call, in seconds: the round trip without queueing here."""
-        return min(self._rtts) if self._rtts else None
+        return self._rtt
 
     def _measured(self, seconds: float) -> None:
-        self._rtts.append(seconds)
-        rtt = min(self._rtts)  # once per call, not per caller
-        pipelining = len(self._rtts) >= MIN_SAMPLES and rtt >= self._from_rtt
-        self._gap_s = rtt / len(self._fns) if pipelining else None
+        rtts = self._rtts
+        evicted = rtts[0] if len(rtts) == rtts.maxlen else None
+        rtts.append(seconds)
+        # The minimum, kept cheaply: rescanned only when the sample that held it leaves.
+        if self._rtt is None or seconds <= self._rtt:
+            self._rtt = seconds
+        elif evicted is not None and evicted <= self._rtt:
+            self._rtt = min(rtts)
+        pipelining = len(rtts) >= MIN_SAMPLES and self._rtt >= self._from_rtt
+        self._gap_s = self._rtt / len(self._fns) if pipelining else None
 
     def _gap(self) -> float | None:
         """How long the newest call must be out before the next starts; None: until it ends."""

@@ -151,3 +151,45 @@ def test_one_connection_keeps_the_proven_coalescer() -> None:
     assert isinstance(shared_calls([fn, fn]), Pipelined)
     with pytest.raises(ValueError, match="pipeline depth must be 1 to 16"):
         Pipelined([fn] * 17)
+
+
+async def test_pipelined_reads_on_a_distant_postgresql_keep_the_contract(pg) -> None:
+    """Real PostgreSQL 5 ms away (tsoracle/latency.py): several read batches overlap, and every
+    read_ts is at least every write applied before the read began."""
+    import time
+
+    import tsoracle
+    from tsoracle.latency import relayed
+
+    url = f"{pg.url()}?schema=t_pipelined"
+    await tsoracle.init(url, timelines=["counter:p"])
+    with relayed(url, 5.0) as far:
+        async with tsoracle.connect(far, timeline="counter:p", pipeline_depth=8) as oracle:
+            applied: list[tuple[float, int]] = []  # (when apply_write returned, ts)
+            reads: list[tuple[float, int]] = []  # (when read_ts was called, answer)
+            most = 0
+            stop = time.monotonic() + 3
+
+            async def writer() -> None:
+                while time.monotonic() < stop:
+                    w = await oracle.write_ts()
+                    await oracle.apply_write(w.timestamp)
+                    applied.append((time.monotonic(), w.timestamp))
+
+            async def reader() -> None:
+                while time.monotonic() < stop:
+                    began = time.monotonic()
+                    reads.append((began, await oracle.read_ts()))
+
+            async def watch() -> None:
+                nonlocal most
+                while time.monotonic() < stop:
+                    most = max(most, oracle._reads._running)  # white box: batches in flight
+                    await asyncio.sleep(0.0005)
+
+            await asyncio.gather(writer(), *[reader() for _ in range(64)], watch())
+    assert most > 1, "the reads never had two batches in flight"
+    assert len(applied) > 10 and len(reads) > 1000
+    for began, answer in reads:
+        before = [ts for done, ts in applied if done < began]
+        assert answer >= max(before, default=0)

@@ -77,11 +77,8 @@ def _free_port() -> int:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    from localpg import _alive as running_not_zombie
+    return running_not_zombie(pid)
 
 
 @pytest.mark.parametrize("how, with_kube", [(signal.SIGINT, True), (signal.SIGKILL, False)],

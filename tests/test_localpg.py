@@ -81,6 +81,22 @@ def _alive(pid: int) -> bool:
     return running_not_zombie(pid)
 
 
+def _ctrl_c_interrupts() -> None:
+    """SIGINT as a terminal's Ctrl-C finds it: not ignored, not blocked. This test process may
+    have inherited it ignored (started in the background by a non-interactive shell), or a
+    thread may block it; both pass on to a child, which would never see the interrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _signal_state(pid: int) -> str:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return "(gone)"
+    return " ".join(line for line in lines if line.startswith(("State", "Sig")))
+
+
 @pytest.mark.parametrize("how, with_kube", [(signal.SIGINT, True), (signal.SIGKILL, False)],
                          ids=["interrupted", "killed"])
 def test_servers_go_when_the_run_is_interrupted_or_killed(how, with_kube, tmp_path):
@@ -97,7 +113,7 @@ def test_servers_go_when_the_run_is_interrupted_or_killed(how, with_kube, tmp_pa
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          f"--basetemp={tmp_path / 'inner'}", str(ROOT / "tests/support/holds_servers.py")],
         cwd=ROOT, env=env, stdout=output.open("wb"), stderr=subprocess.STDOUT,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=_ctrl_c_interrupts)
     try:
         deadline = time.monotonic() + 600
         while not held.exists():
@@ -110,7 +126,11 @@ def test_servers_go_when_the_run_is_interrupted_or_killed(how, with_kube, tmp_pa
             os.killpg(run.pid, how)  # what a terminal's Ctrl-C does
         else:
             os.kill(run.pid, how)  # a crash: pytest alone ends, no teardown runs
-        run.wait(120)
+        try:
+            run.wait(120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run did not end: {_signal_state(run.pid)}\n"
+                        f"{output.read_text()[-3000:]}")
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and any(map(_alive, servers["pids"].values())):
             time.sleep(0.2)

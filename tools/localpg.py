@@ -18,6 +18,7 @@ import glob
 import hashlib
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -66,11 +67,13 @@ def free_port() -> int:
 
 class LocalPostgres:
     def __init__(self, base: str | os.PathLike[str], port: int | None = None,
-                 extra_listen: tuple[tuple[str, str], ...] = ()) -> None:
+                 extra_listen: tuple[tuple[str, str], ...] = (), host: str = "127.0.0.1") -> None:
         """`extra_listen`: (address, client network) pairs to listen on besides loopback, and
-        whose clients may log in with a password (the partition nemesis's namespace)."""
+        whose clients may log in with a password (the partition nemesis's namespace, a dev
+        node's pods). `host`: the address URLs name."""
         self.base = Path(base).resolve()
         self.extra_listen = extra_listen
+        self.host = host
         self._as_postgres = os.geteuid() == 0
         # The server's own files (data, log, socket): DIR, or a stand-in the server user reaches.
         self.home = self._home()
@@ -111,15 +114,11 @@ class LocalPostgres:
         self._make_home()
         self._run(self.bin / "initdb", "-D", self.data, "-U", "postgres", "--auth-local=trust",
                   "--auth-host=scram-sha-256", "-E", "UTF8", "--no-instructions")
-        listen = ",".join(["127.0.0.1", *(addr for addr, _ in self.extra_listen)])
-        with open(self.data / "pg_hba.conf", "a") as hba:
-            for _, network in self.extra_listen:
-                hba.write(f"host all all {network} scram-sha-256\n")
         # fsync=off survives a server crash (the OS keeps the WAL); synchronous_commit stays on
         # so a crash-restart never loses a committed timestamp.
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(
-                f"\nport = {self.port}\nlisten_addresses = '{listen}'\n"
+                f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.home}'\n"
                 "shared_preload_libraries = 'pg_stat_statements'\n"
                 "pg_stat_statements.track = all\n"
@@ -140,9 +139,25 @@ class LocalPostgres:
         status = self._run(self.bin / "pg_ctl", "-D", self.data, "status", check=False)
         return status.returncode == 0
 
+    def _configure_listen(self) -> None:
+        """Listen where this instance is asked to (a data folder may predate the ask)."""
+        listen = ",".join(["127.0.0.1", *(addr for addr, _ in self.extra_listen)])
+        conf = (self.data / "postgresql.conf").read_text()
+        current = re.findall(r"^listen_addresses = '([^']*)'", conf, re.MULTILINE)
+        if not current or current[-1] != listen:
+            with open(self.data / "postgresql.conf", "a") as out:
+                out.write(f"listen_addresses = '{listen}'\n")
+        hba = (self.data / "pg_hba.conf").read_text()
+        with open(self.data / "pg_hba.conf", "a") as out:
+            for _, network in self.extra_listen:
+                line = f"host all all {network} scram-sha-256"
+                if line not in hba:
+                    out.write(line + "\n")
+
     def start(self) -> str:
         self.init()
         if not self.running():
+            self._configure_listen()
             self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.log,
                       "-w", "-t", "60", "start")
         self._provision()
@@ -204,7 +219,7 @@ class LocalPostgres:
                                      str(self.base)])
 
     def url(self, password: str = PASSWORD, database: str = DATABASE) -> str:
-        return f"postgresql://{ROLE}:{password}@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://{ROLE}:{password}@{self.host}:{self.port}/{database}"
 
     def serializable_url(self, password: str = PASSWORD) -> str:
         """The URL of a database whose transactions default to SERIALIZABLE."""

@@ -1,13 +1,17 @@
-"""A real local control plane: PostgreSQL, etcd and kube-apiserver on free loopback ports.
+"""A real local one-node Kubernetes cluster with PostgreSQL beside it, built from sources.
 
-    python tools/controlplane/cluster.py up [STATE_DIR]     # last line: export KUBECONFIG=…
+    python tools/controlplane/cluster.py up [--no-node] [STATE_DIR]   # ends: export KUBECONFIG=…
     python tools/controlplane/cluster.py down [STATE_DIR]   # stop; etcd and PostgreSQL data stay
     python tools/controlplane/cluster.py down --purge [STATE_DIR]   # stop and delete all state
 
-etcd and kube-apiserver are built from Go modules (see the go.mod files beside this script) and
-cached by version under ~/.cache/tsoracle. `up` is idempotent: it reuses running processes.
-There is no controller-manager, scheduler or kubelet: objects are stored and validated, no pod
-runs, namespaces never finish deleting, and no default ServiceAccount appears.
+etcd, kube-apiserver, the node's components (kube-node: kubelet, kube-proxy, kube-scheduler,
+kube-controller-manager) and CoreDNS are built from Go modules (the go.mod files beside this
+script), once per version, and cached under ~/.cache/tsoracle. The node (node.py) needs root and
+Debian's containerd, runc and CNI plugins. `up` is idempotent: it reuses running processes.
+
+With --no-node (and for the tests' API-server fixture) only etcd and kube-apiserver run, on
+loopback: objects are stored and validated, no pod runs, namespaces never finish deleting, and
+no default ServiceAccount appears.
 """
 
 from __future__ import annotations
@@ -21,16 +25,32 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from localpg import LocalPostgres, free_port, run_when_this_process_exits  # noqa: E402
+from node import (  # noqa: E402
+    COREDNS_RBAC,
+    COREDNS_VERSION,
+    NODE_IP,
+    NODE_NAME,
+    POD_CIDR,
+    SERVICE_CIDR,
+    Node,
+    NodeError,
+    missing_prerequisites,
+)
 
+# Every version the cluster is built from, in one place.
 K8S_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.16"
+VERSIONS = {"etcd": ETCD_VERSION, "kube-apiserver": K8S_VERSION, "kube-node": K8S_VERSION,
+            "coredns": COREDNS_VERSION}
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
 ADMIN_TOKEN = "tsoracle-dev-admin-token"
 # `make dev-cluster` keeps its state here; the docs tests point it elsewhere.
@@ -46,6 +66,8 @@ def version_ldflags(name: str, version: str) -> list[str]:
     """
     if name == "etcd":
         return [f"-X go.etcd.io/etcd/api/v3/version.GitSHA=module-{version}"]
+    if name == "coredns":
+        return []  # its version is a constant in the module
     major, minor, _ = version.lstrip("v").split(".", 2)
     fields = {"gitVersion": version, "gitMajor": major, "gitMinor": minor,
               "gitCommit": f"module-{version}", "gitTreeState": "clean",
@@ -98,12 +120,17 @@ def _alive(pid: int) -> bool:
 
 class ControlPlane:
     def __init__(self, state: str | os.PathLike[str] = DEFAULT_STATE, *,
-                 postgres: bool = True) -> None:
+                 postgres: bool = True, node: bool = False) -> None:
         self.with_postgres = postgres
+        self.with_node = node
         self.state = Path(state).resolve()
         self.info_file = self.state / "cluster.json"
         self.kubeconfig = self.state / "kubeconfig"
-        self.pg = LocalPostgres(self.state / "pg")
+        self.node = Node(self.state)
+        # With a node, pods reach PostgreSQL and the API server at the node's address.
+        self.host = NODE_IP if node else "127.0.0.1"
+        self.pg = LocalPostgres(self.state / "pg", host=self.host,
+                                extra_listen=((NODE_IP, POD_CIDR),) if node else ())
 
     def info(self) -> dict[str, object]:
         return json.loads(self.info_file.read_text()) if self.info_file.exists() else {}
@@ -111,6 +138,8 @@ class ControlPlane:
     def healthy(self) -> bool:
         info = self.info()
         if not info or not all(_alive(int(p)) for p in info.get("pids", {}).values()):
+            return False
+        if bool(info.get("node")) != self.with_node:
             return False
         return self._ready(int(info["apiserver_port"]), timeout=2)
 
@@ -120,23 +149,36 @@ class ControlPlane:
                 self.pg.start()
             return self.kubeconfig
         self.down()
-        etcd_bin = build("etcd", ETCD_VERSION)
-        apiserver_bin = build("kube-apiserver", K8S_VERSION)
+        if self.with_node and (problems := missing_prerequisites()):
+            raise NodeError("cannot start the node: " + "; ".join(problems))
+        binaries = {name: build(name, version) for name, version in VERSIONS.items()
+                    if self.with_node or name in ("etcd", "kube-apiserver")}
         self.state.mkdir(parents=True, exist_ok=True)
+        if self.with_node:
+            self.node.claim()
+            self.node.network_up()
         pg_url = self.pg.start() if self.with_postgres else None
         pki = self.state / "pki"
         pki.mkdir(exist_ok=True)
+        # The API server signs its own serving certificate for its address, once.
+        advertised = pki / "advertised-address"
+        if advertised.exists() and advertised.read_text() != self.host:
+            for name in ("apiserver.crt", "apiserver.key"):
+                (pki / name).unlink(missing_ok=True)
+        advertised.write_text(self.host)
         if not (pki / "sa.key").exists():
             subprocess.run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"],
                            check=True, capture_output=True)
             subprocess.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out",
                             str(pki / "sa.pub")], check=True, capture_output=True)
-        (pki / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+        tokens = self.node.prepare_pki() if self.with_node else {}
+        (pki / "tokens.csv").write_text("\n".join([f'{ADMIN_TOKEN},admin,admin,"system:masters"',
+                                                   *self.node.token_lines(tokens)]) + "\n")
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         logs = self.state / "logs"
         logs.mkdir(exist_ok=True)
         etcd = self._spawn("etcd", [
-            str(etcd_bin), "--name", "dev", "--data-dir", str(self.state / "etcd"),
+            str(binaries["etcd"]), "--name", "dev", "--data-dir", str(self.state / "etcd"),
             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
             "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
@@ -145,10 +187,11 @@ class ControlPlane:
             "--unsafe-no-fsync", "--log-level", "warn",
         ], logs)
         self._apiserver_argv = [
-            str(apiserver_bin), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+            str(binaries["kube-apiserver"]), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
             "--cert-dir", str(pki), "--secure-port", str(api_port),
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-            "--service-cluster-ip-range", "10.0.0.0/24", "--authorization-mode", "RBAC",
+            "--bind-address", self.host, "--advertise-address", self.host,
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            "--authorization-mode", "Node,RBAC" if self.with_node else "RBAC",
             "--token-auth-file", str(pki / "tokens.csv"),
             "--service-account-issuer", "https://kubernetes.default.svc",
             "--service-account-key-file", str(pki / "sa.pub"),
@@ -156,18 +199,46 @@ class ControlPlane:
             "--api-audiences", "https://kubernetes.default.svc",
             "--allow-privileged=true", "--enable-priority-and-fairness=false",
         ]
+        if self.with_node:
+            self._apiserver_argv += self.node.apiserver_flags()
         apiserver = self._spawn("kube-apiserver", self._apiserver_argv, logs)
-        self.info_file.write_text(json.dumps({
-            "pids": {"etcd": etcd, "kube-apiserver": apiserver},
-            "apiserver_port": api_port, "etcd_port": etcd_port, "postgres_url": pg_url,
-            "apiserver_argv": self._apiserver_argv,
-        }))
-        if not self._ready(api_port, timeout=120):
+        info: dict[str, Any] = {
+            "pids": {"etcd": etcd, "kube-apiserver": apiserver}, "node": self.with_node,
+            "host": self.host, "apiserver_port": api_port, "etcd_port": etcd_port,
+            "postgres_url": pg_url, "apiserver_argv": self._apiserver_argv,
+        }
+        self.info_file.write_text(json.dumps(info))
+        if not self._ready(api_port, timeout=120, pid=apiserver):
             tail = (logs / "kube-apiserver.log").read_text()[-3000:]
             self.down()
             raise RuntimeError(f"kube-apiserver did not become ready:\n{tail}")
         self._write_kubeconfig(api_port, pki / "apiserver.crt")
+        if self.with_node:
+            try:
+                self._start_node(info, binaries, tokens, logs)
+            except BaseException:
+                self.down()
+                raise
         return self.kubeconfig
+
+    def _start_node(self, info: dict[str, Any], binaries: dict[str, Path],
+                    tokens: dict[str, str], logs: Path) -> None:
+        sys.path.insert(0, str(HERE.parent / "images"))
+        import images  # noqa: PLC0415 (tools/images: only a node needs it)
+
+        def spawn(name: str, argv: list[str]) -> int:
+            pid = self._spawn(name, argv, logs)
+            info["pids"][name] = pid  # recorded at once: a failed start still cleans up
+            self.info_file.write_text(json.dumps(info))
+            return pid
+
+        for item in COREDNS_RBAC["items"]:
+            self._apply(item)
+        self.node.start_containerd(spawn, images.PAUSE_IMAGE)
+        self.node.import_images([images.build_pause()])
+        self.node.start_components(spawn, binaries["kube-node"], binaries["coredns"],
+                                   self._server(), tokens, free_port)
+        self._wait_node(logs)
 
     def restart_apiserver(self, down_seconds: float = 3.0) -> None:
         """Kill kube-apiserver (no drain) and start it again on the same port: what clients
@@ -185,19 +256,69 @@ class ControlPlane:
         if not self._ready(int(info["apiserver_port"]), timeout=120):
             raise RuntimeError("kube-apiserver did not come back")
 
+    def _server(self) -> str:
+        return f"https://{self.host}:{self.info()['apiserver_port']}"
+
+    def _api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """A call as the admin, verified against the API server's own certificate."""
+        ctx = ssl.create_default_context(cafile=str(self.state / "pki" / "apiserver.crt"))
+        req = urllib.request.Request(
+            self._server() + path, method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}",
+                     "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def _apply(self, obj: dict[str, Any]) -> None:
+        plural = {"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings"}
+        path = f"/apis/rbac.authorization.k8s.io/v1/{plural[obj['kind']]}"
+        try:
+            self._api("POST", path, obj)
+        except urllib.error.HTTPError as err:
+            if err.code != 409:  # already there from an earlier `up`
+                raise
+
+    def _wait_node(self, logs: Path, timeout: float = 180) -> None:
+        """Until the node is Ready, the default ServiceAccount exists (the controller-manager
+        works) and CoreDNS answers its readiness port."""
+        deadline = time.monotonic() + timeout
+        waiting = "the node"
+        while time.monotonic() < deadline:
+            dead = [name for name, pid in self.info()["pids"].items() if not _alive(int(pid))]
+            if dead:
+                tail = (logs / f"{dead[0]}.log").read_text()[-2000:]
+                raise NodeError(f"{dead[0]} exited; the end of its log:\n{tail}")
+            try:
+                node = self._api("GET", f"/api/v1/nodes/{NODE_NAME}")
+                ready = [c for c in node["status"].get("conditions", [])
+                         if c["type"] == "Ready" and c["status"] == "True"]
+                waiting = "the node to be Ready"
+                if ready:
+                    waiting = "the default ServiceAccount"
+                    self._api("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+                    return
+            except (OSError, urllib.error.HTTPError, KeyError):
+                pass
+            time.sleep(0.5)
+        tails = "".join(f"\n--- {name}.log\n" + (logs / f"{name}.log").read_text()[-1500:]
+                        for name in ("kubelet", "kube-controller-manager")
+                        if (logs / f"{name}.log").exists())
+        raise NodeError(f"timed out after {timeout:.0f} s waiting for {waiting}:{tails}")
+
     def _spawn(self, name: str, argv: list[str], logs: Path) -> int:
         with open(logs / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         return proc.pid
 
-    def _ready(self, port: int, timeout: float) -> bool:
+    def _ready(self, port: int, timeout: float, pid: int | None = None) -> bool:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # only a readiness poll; clients verify the CA
         deadline = time.monotonic() + timeout
         while True:
-            req = urllib.request.Request(f"https://127.0.0.1:{port}/readyz",
+            req = urllib.request.Request(f"https://{self.host}:{port}/readyz",
                                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
             try:
                 with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
@@ -205,7 +326,7 @@ class ControlPlane:
                         return True
             except OSError:
                 pass
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or pid is not None and not _alive(pid):
                 return False
             time.sleep(0.5)
 
@@ -213,7 +334,7 @@ class ControlPlane:
         self.kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "tsoracle-dev",
             "clusters": [{"name": "tsoracle-dev", "cluster": {
-                "server": f"https://127.0.0.1:{port}", "certificate-authority": str(ca)}}],
+                "server": f"https://{self.host}:{port}", "certificate-authority": str(ca)}}],
             "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
             "contexts": [{"name": "tsoracle-dev",
                           "context": {"cluster": "tsoracle-dev", "user": "admin"}}],
@@ -223,6 +344,9 @@ class ControlPlane:
     def down(self, purge: bool = False) -> None:
         """Stop every process; `purge` also deletes etcd's and PostgreSQL's data and the keys,
         so the next `up` starts an empty cluster (no CRD or release left from earlier runs)."""
+        info = self.info()
+        if info.get("node") or self.node.owned():
+            self.node.teardown({k: int(v) for k, v in info.get("pids", {}).items()})
         for pid in self.info().get("pids", {}).values():
             if _alive(int(pid)):
                 os.kill(int(pid), signal.SIGTERM)
@@ -251,20 +375,26 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     if argv[0] == "build":
-        print(build("etcd", ETCD_VERSION))
-        print(build("kube-apiserver", K8S_VERSION))
+        for name, version in VERSIONS.items():
+            print(build(name, version))
         return 0
-    purge = "--purge" in argv[1:]
-    rest = [a for a in argv[1:] if a != "--purge"]
-    if purge and argv[0] != "down" or any(a.startswith("-") for a in rest) or len(rest) > 1:
+    flags = {"--purge": "down", "--no-node": "up"}
+    given = [a for a in argv[1:] if a in flags]
+    rest = [a for a in argv[1:] if a not in flags]
+    if any(flags[f] != argv[0] for f in given) or any(a.startswith("-") for a in rest) \
+            or len(rest) > 1:
         print(__doc__, file=sys.stderr)
         return 2
-    cp = ControlPlane(rest[0] if rest else DEFAULT_STATE)
+    cp = ControlPlane(rest[0] if rest else DEFAULT_STATE, node="--no-node" not in given)
     if argv[0] == "down":
-        cp.down(purge=purge)
-        print(f"dev cluster stopped{'; its state deleted' if purge else ''}")
+        cp.down(purge="--purge" in given)
+        print(f"dev cluster stopped{'; its state deleted' if '--purge' in given else ''}")
         return 0
-    kubeconfig = cp.up()
+    try:
+        kubeconfig = cp.up()
+    except NodeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(f"postgres: {cp.info()['postgres_url']}")
     print(f"export KUBECONFIG={kubeconfig}")
     return 0

@@ -1,0 +1,467 @@
+"""One Kubernetes node beside the dev control plane, built from upstream sources.
+
+containerd + runc run the pods, a CNI bridge the node creates (`tsoracle0`, 10.244.0.0/24) gives
+them addresses, kube-proxy's iptables rules give Services their ClusterIPs (10.0.0.0/24), CoreDNS
+answers cluster names, and kube-scheduler and kube-controller-manager do what they do anywhere.
+Every address lives on the bridge: the node's own address (10.244.0.1) is its gateway, where the
+API server, PostgreSQL and CoreDNS listen too, so no traffic leaves the machine.
+
+Only one node runs per machine (interfaces, iptables chains and the CNI bridge are global); its
+runtime files live under /run/tsoracle-node, which also says which state folder owns it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+NODE_NAME = "tsoracle-node"
+BRIDGE = "tsoracle0"
+NODE_IP = "10.244.0.1"
+POD_CIDR = "10.244.0.0/24"
+SERVICE_CIDR = "10.0.0.0/24"
+CLUSTER_DOMAIN = "cluster.local"
+COREDNS_VERSION = "v1.14.7"
+# Short and fixed: unix sockets allow ~100 bytes of path, and one node per machine anyway.
+RUN = Path("/run/tsoracle-node")
+CNI_BIN = Path("/usr/lib/cni")
+COMPONENTS = ("kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "coredns")
+# Identities the control plane's bootstrap RBAC already knows (except CoreDNS: see RBAC below).
+USERS = {
+    "kubelet": (f"system:node:{NODE_NAME}", "system:nodes"),
+    "kube-proxy": ("system:kube-proxy", ""),
+    "kube-scheduler": ("system:kube-scheduler", ""),
+    "kube-controller-manager": ("system:kube-controller-manager", ""),
+    "coredns": ("tsoracle:coredns", ""),
+}
+COREDNS_RBAC = {
+    "apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "tsoracle:coredns"},
+         "rules": [{"apiGroups": [""], "resources": ["services", "namespaces", "pods"],
+                    "verbs": ["list", "watch"]},
+                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                    "verbs": ["list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "tsoracle:coredns"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "tsoracle:coredns"},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                       "name": "tsoracle:coredns"}]},
+    ]}
+
+
+class NodeError(RuntimeError):
+    """The node cannot start here; the message says what to do."""
+
+
+def missing_prerequisites() -> list[str]:
+    """What this machine lacks to run the node (empty when it can)."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("the node needs root (it creates a bridge, iptables rules and "
+                        "containers); run as root, or start without it: cluster.py up --no-node")
+    for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip",
+                 "conntrack"):
+        if shutil.which(tool) is None:
+            problems.append(f"`{tool}` is not installed (Debian packages: containerd runc "
+                            f"containernetworking-plugins conntrack iptables iproute2)")
+    if not (CNI_BIN / "bridge").exists():
+        problems.append(f"no CNI plugins in {CNI_BIN} (Debian: containernetworking-plugins)")
+    return problems
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise NodeError(f"{' '.join(argv)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    except OSError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stop(pids: list[int], timeout: float = 10.0) -> None:
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+class Node:
+    """The node's files and processes for one dev-cluster state folder."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.dir = state / "node"
+        self.pki = state / "pki"
+        self.containerd_root = self.dir / "containerd"
+        self.kubelet_root = self.dir / "kubelet"
+        self.address = RUN / "containerd.sock"
+        self.owner_file = RUN / "owner"
+
+    # --- ownership: one node per machine -------------------------------------------------
+    def claim(self) -> None:
+        RUN.mkdir(parents=True, exist_ok=True)
+        owner = self.owner_file.read_text().strip() if self.owner_file.exists() else ""
+        if owner and owner != str(self.state) and Path(owner, "cluster.json").exists():
+            info = json.loads(Path(owner, "cluster.json").read_text())
+            if any(_alive(int(p)) for p in info.get("pids", {}).values()):
+                raise NodeError(f"a dev cluster's node already runs on this machine (state "
+                                f"{owner}); stop it first: python tools/controlplane/cluster.py "
+                                f"down {owner}")
+        if owner and owner != str(self.state):
+            Node(Path(owner)).teardown()  # a crashed cluster's leftovers
+        self.owner_file.write_text(str(self.state))
+
+    def owned(self) -> bool:
+        return self.owner_file.exists() and self.owner_file.read_text().strip() == str(self.state)
+
+    # --- network --------------------------------------------------------------------------
+    def network_up(self) -> None:
+        if _run("ip", "link", "show", BRIDGE, check=False).returncode != 0:
+            _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        if NODE_IP not in _run("ip", "-4", "addr", "show", "dev", BRIDGE).stdout:
+            _run("ip", "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE)
+        _run("ip", "link", "set", BRIDGE, "up")
+        # Service traffic between pods on one bridge must pass iptables to be DNATed.
+        _run("modprobe", "br_netfilter", check=False)
+        for key in ("net/bridge/bridge-nf-call-iptables", "net/ipv4/ip_forward"):
+            Path("/proc/sys", key).write_text("1\n")
+
+    # --- certificates and identities ------------------------------------------------------
+    def prepare_pki(self) -> dict[str, str]:
+        """The kubelet client CA and the API server's client certificate for kubelet calls
+        (logs, exec), and a token per component; returns component -> token."""
+        pki = self.pki
+        if not (pki / "kubelet-client-ca.crt").exists():
+            _run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+                 "-keyout", str(pki / "kubelet-client-ca.key"),
+                 "-out", str(pki / "kubelet-client-ca.crt"),
+                 "-subj", "/CN=tsoracle-dev-kubelet-client-ca")
+            _run("openssl", "req", "-newkey", "rsa:2048", "-nodes",
+                 "-keyout", str(pki / "apiserver-kubelet-client.key"),
+                 "-out", str(pki / "apiserver-kubelet-client.csr"),
+                 "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client")
+            _run("openssl", "x509", "-req", "-days", "3650",
+                 "-in", str(pki / "apiserver-kubelet-client.csr"),
+                 "-CA", str(pki / "kubelet-client-ca.crt"),
+                 "-CAkey", str(pki / "kubelet-client-ca.key"), "-CAcreateserial",
+                 "-out", str(pki / "apiserver-kubelet-client.crt"))
+        tokens_file = pki / "node-tokens.json"
+        if not tokens_file.exists():
+            tokens_file.write_text(json.dumps({c: secrets.token_hex(16) for c in USERS}))
+            tokens_file.chmod(0o600)
+        return dict(json.loads(tokens_file.read_text()))
+
+    def token_lines(self, tokens: dict[str, str]) -> list[str]:
+        """Lines for the API server's --token-auth-file."""
+        lines = []
+        for component, (user, group) in USERS.items():
+            line = f"{tokens[component]},{user},{user}"
+            lines.append(f'{line},"{group}"' if group else line)
+        return lines
+
+    def apiserver_flags(self) -> list[str]:
+        return [
+            "--enable-admission-plugins", "NodeRestriction",
+            "--kubelet-client-certificate", str(self.pki / "apiserver-kubelet-client.crt"),
+            "--kubelet-client-key", str(self.pki / "apiserver-kubelet-client.key"),
+            "--kubelet-preferred-address-types", "InternalIP",
+        ]
+
+    # --- processes ------------------------------------------------------------------------
+    def start_containerd(self, spawn: Callable[[str, list[str]], int],
+                         sandbox_image: str) -> int:
+        self.containerd_root.mkdir(parents=True, exist_ok=True)
+        cni_conf = self.dir / "cni"
+        cni_conf.mkdir(parents=True, exist_ok=True)
+        (cni_conf / "10-tsoracle.conflist").write_text(json.dumps({
+            "cniVersion": "0.4.0", "name": "tsoracle", "plugins": [
+                {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
+                 "hairpinMode": True,
+                 "ipam": {"type": "host-local", "dataDir": str(self.dir / "ipam"),
+                          "ranges": [[{"subnet": POD_CIDR, "gateway": NODE_IP}]],
+                          "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "loopback"}]}, indent=2))
+        config = self.dir / "containerd.toml"
+        config.write_text(f"""version = 2
+root = "{self.containerd_root}"
+state = "{RUN / 'state'}"
+[grpc]
+  address = "{self.address}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{self.dir / 'opt'}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox_image}"
+  # This sandbox may not lower OOM scores (no CAP_SYS_RESOURCE); without this runc fails
+  # with "can't get final child's PID from pipe: EOF".
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN}"
+    conf_dir = "{cni_conf}"
+""")
+        pid = spawn("containerd", ["containerd", "--config", str(config)])
+        deadline = time.monotonic() + 30
+        while _run("ctr", "--address", str(self.address), "version", check=False).returncode:
+            if time.monotonic() > deadline or not _alive(pid):
+                raise NodeError(f"containerd did not start; see {self.state}/logs/containerd.log")
+            time.sleep(0.2)
+        return pid
+
+    def import_images(self, archives: list[Path]) -> None:
+        for archive in archives:
+            _run("ctr", "--address", str(self.address), "-n", "k8s.io", "images", "import",
+                 "--no-unpack", str(archive))
+
+    def _kubeconfig(self, component: str, server: str, token: str) -> Path:
+        path = self.dir / f"{component}.kubeconfig"
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "node",
+            "clusters": [{"name": "dev", "cluster": {
+                "server": server, "certificate-authority": str(self.pki / "apiserver.crt")}}],
+            "users": [{"name": component, "user": {"token": token}}],
+            "contexts": [{"name": "node", "context": {"cluster": "dev", "user": component}}],
+        }))
+        path.chmod(0o600)
+        return path
+
+    def start_components(self, spawn: Callable[[str, list[str]], int], binary: Path,
+                         coredns: Path, server: str, tokens: dict[str, str],
+                         free_port: Callable[[], int]) -> dict[str, int]:
+        kc = {c: self._kubeconfig(c, server, tokens[c]) for c in USERS}
+        pids = {}
+        manager = str(kc["kube-controller-manager"])
+        pids["kube-controller-manager"] = spawn("kube-controller-manager", [
+            str(binary), "kube-controller-manager", "--kubeconfig", manager,
+            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+            "--leader-elect=false", "--use-service-account-credentials=true",
+            "--service-account-private-key-file", str(self.pki / "sa.key"),
+            "--root-ca-file", str(self.pki / "apiserver.crt"),
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            # Ask the API server who may do what, as every controller runs under its own
+            # ServiceAccount (kubeadm does the same).
+            "--authentication-kubeconfig", manager, "--authorization-kubeconfig", manager,
+        ])
+        pids["kube-scheduler"] = spawn("kube-scheduler", [
+            str(binary), "kube-scheduler", "--kubeconfig", str(kc["kube-scheduler"]),
+            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+            "--leader-elect=false",
+            "--authentication-kubeconfig", str(kc["kube-scheduler"]),
+            "--authorization-kubeconfig", str(kc["kube-scheduler"]),
+        ])
+        self.kubelet_root.mkdir(parents=True, exist_ok=True)
+        kubelet_config = self.dir / "kubelet.yaml"
+        kubelet_config.write_text(json.dumps({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            # The host runs cgroup v1 without systemd as PID 1.
+            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "failSwapOn": False,
+            "address": NODE_IP, "port": free_port(), "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": free_port(),
+            "authentication": {"anonymous": {"enabled": False},
+                               "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(self.pki / "kubelet-client-ca.crt")}},
+            "authorization": {"mode": "Webhook"},
+            "clusterDNS": [NODE_IP], "clusterDomain": CLUSTER_DOMAIN,
+            "resolvConf": str(self._resolv_conf()),
+            # No registry: an image garbage-collected here could never be pulled again.
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            # A shared dev machine's disk and memory are not this node's to defend.
+            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+            "containerRuntimeEndpoint": f"unix://{self.address}",
+            "rotateCertificates": False, "serializeImagePulls": False,
+            "maxPods": 60,
+        }, indent=2))
+        pids["kubelet"] = spawn("kubelet", [
+            str(binary), "kubelet", "--config", str(kubelet_config),
+            "--kubeconfig", str(kc["kubelet"]), "--root-dir", str(self.kubelet_root),
+            "--cert-dir", str(self.dir / "kubelet-pki"), "--node-ip", NODE_IP,
+            "--hostname-override", NODE_NAME,
+        ])
+        proxy_config = self.dir / "kube-proxy.yaml"
+        proxy_config.write_text(json.dumps({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "mode": "iptables", "clusterCIDR": POD_CIDR, "hostnameOverride": NODE_NAME,
+            "clientConnection": {"kubeconfig": str(kc["kube-proxy"])},
+            "bindAddress": NODE_IP,
+            "healthzBindAddress": f"127.0.0.1:{free_port()}",
+            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            # Leave the host's conntrack sysctls alone (this sandbox may not write them).
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
+                          "tcpCloseWaitTimeout": "0s"},
+            # Only this node's bridge: never rewrite traffic of the host's real interfaces.
+            "nodePortAddresses": [f"{NODE_IP}/32"],
+        }, indent=2))
+        pids["kube-proxy"] = spawn("kube-proxy", [
+            str(binary), "kube-proxy", "--config", str(proxy_config)])
+        corefile = self.dir / "Corefile"
+        corefile.write_text(f"""{CLUSTER_DOMAIN}:53 in-addr.arpa:53 {{
+    bind {NODE_IP}
+    errors
+    health 127.0.0.1:{free_port()}
+    ready 127.0.0.1:{free_port()}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa {{
+        kubeconfig {kc['coredns']} node
+        pods insecure
+    }}
+    cache 5
+}}
+.:53 {{
+    bind {NODE_IP}
+    errors
+}}
+""")
+        pids["coredns"] = spawn("coredns", [str(coredns), "-conf", str(corefile)])
+        return pids
+
+    def _resolv_conf(self) -> Path:
+        """Pods with dnsPolicy Default get this: cluster names only, nothing upstream."""
+        path = self.dir / "resolv.conf"
+        path.write_text(f"nameserver {NODE_IP}\n")
+        return path
+
+    # --- teardown -------------------------------------------------------------------------
+    def _ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return _run("ctr", "--address", str(self.address), "-n", "k8s.io", *args, check=False)
+
+    def stop_containers(self) -> list[str]:
+        """Kill every container's task and return the network namespaces their sandboxes
+        pinned, so that teardown can release them (and their veth pairs) afterwards."""
+        if not self.address.exists():
+            return []
+        netns = []
+        ids = self._ctr("containers", "ls", "-q").stdout.split()
+        for cid in ids:
+            info = self._ctr("containers", "info", cid)
+            try:
+                spec = json.loads(info.stdout)["Spec"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            for ns in spec.get("linux", {}).get("namespaces", []):
+                if ns.get("type") == "network" and ns.get("path"):
+                    netns.append(ns["path"])
+        for cid in ids:
+            self._ctr("tasks", "kill", "-s", "SIGKILL", cid)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            running = [line for line in self._ctr("tasks", "ls").stdout.splitlines()[1:]
+                       if "RUNNING" in line]
+            if not running:
+                break
+            time.sleep(0.2)
+        for cid in ids:
+            self._ctr("tasks", "delete", "-f", cid)
+        return sorted(set(netns))
+
+    def teardown(self, pids: dict[str, int] | None = None) -> None:
+        """Stop the node's processes, containers and shims, release its mounts, network
+        namespaces, iptables chains and bridge. Safe to repeat."""
+        pids = pids or {}
+        _stop([pids[c] for c in ("kubelet", "kube-controller-manager", "kube-scheduler",
+                                 "coredns") if c in pids])
+        netns = self.stop_containers()
+        if "containerd" in pids:
+            _stop([pids["containerd"]])
+        _stop(self._shims(), timeout=5)
+        for path in netns:
+            _run("umount", path, check=False)
+            Path(path).unlink(missing_ok=True)
+        self._unmount_under([self.dir, RUN])
+        if "kube-proxy" in pids:
+            _stop([pids["kube-proxy"]])
+        self._remove_iptables_chains()
+        _run("ip", "link", "del", BRIDGE, check=False)
+        self._remove_pod_cgroups()
+        shutil.rmtree(RUN / "state", ignore_errors=True)
+        for leftover in RUN.glob("containerd.sock*"):
+            leftover.unlink(missing_ok=True)
+        if self.owned():
+            self.owner_file.unlink()
+
+    def _shims(self) -> list[int]:
+        """containerd-shim processes started by this node's containerd."""
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"containerd-shim-runc-v2") and \
+                    str(self.address).encode() in argv:
+                found.append(int(proc.name))
+        return found
+
+    @staticmethod
+    def _unmount_under(roots: list[Path]) -> None:
+        prefixes = tuple(f"{root}/" for root in roots)
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        mounts = [m.encode().decode("unicode_escape") for m in mounts]
+        for mount in sorted((m for m in mounts if m.startswith(prefixes)), key=len,
+                            reverse=True):
+            _run("umount", "-l", mount, check=False)
+
+    @staticmethod
+    def _remove_iptables_chains() -> None:
+        """kube-proxy's chains (its own --cleanup needs a config; the rules are simple)."""
+        for table in ("nat", "filter", "mangle"):
+            rules = _run("iptables", "-t", table, "-S", check=False).stdout.splitlines()
+            for rule in rules:
+                words = shlex.split(rule)
+                if words[:1] == ["-A"] and not words[1].startswith("KUBE-") and \
+                        re.search(r"-j KUBE-", rule):
+                    _run("iptables", "-t", table, "-D", *words[1:], check=False)
+            chains = [r.split()[1] for r in rules if r.startswith("-N KUBE-")]
+            for chain in chains:
+                _run("iptables", "-t", table, "-F", chain, check=False)
+            for chain in chains:
+                _run("iptables", "-t", table, "-X", chain, check=False)
+
+    @staticmethod
+    def _remove_pod_cgroups() -> None:
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            top = hierarchy / "kubepods"
+            if not top.is_dir():
+                continue
+            for cgroup in sorted((p for p in top.rglob("*") if p.is_dir()),
+                                 key=lambda p: len(p.parts), reverse=True):
+                try:
+                    cgroup.rmdir()
+                except OSError:
+                    pass
+            try:
+                top.rmdir()
+            except OSError:
+                pass

@@ -177,12 +177,44 @@ def test_import_without_a_dev_cluster_says_what_to_do(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "make dev-cluster" in proc.stderr
 
 
-def test_the_debian_mirror_comes_from_apt_sources(tmp_path, monkeypatch):
+ONE_LINE = """# deb http://commented.invalid/debian bookworm main
+deb [arch=amd64] http://one-line.invalid/debian bookworm main
+deb http://other-suite.invalid/debian trixie main
+"""
+DEB822 = """Types: deb-src
+URIs: http://sources-only.invalid/debian
+Suites: bookworm
+
+Enabled: no
+Types: deb
+URIs: http://disabled.invalid/debian
+Suites: bookworm
+
+Types: deb
+# a comment inside a stanza
+URIs: http://deb822.invalid/debian
+Suites: bookworm bookworm-updates
+Components: main
+"""
+
+
+@pytest.mark.parametrize("files, mirror", [
+    ({"sources.list": ONE_LINE}, "http://one-line.invalid/debian"),
+    ({"sources.list.d/debian.sources": DEB822}, "http://deb822.invalid/debian"),
+    ({"sources.list.d/debian.sources.disabled": DEB822,
+      "sources.list.d/x.list": ONE_LINE}, "http://one-line.invalid/debian"),
+    ({"sources.list.d/x.list.disabled": ONE_LINE}, None),
+])
+def test_the_debian_mirror_comes_from_apt_sources(tmp_path, monkeypatch, files, mirror):
     monkeypatch.delenv("TSORACLE_DEBIAN_MIRROR", raising=False)
-    mirror = images.debian_mirror("bookworm")
-    sources = "".join(p.read_text() for p in Path("/etc/apt").rglob("*")
-                      if p.is_file() and p.name.endswith((".list", ".sources")))
-    assert mirror.startswith(("http://", "https://", "file:")) and mirror in sources
+    (tmp_path / "sources.list.d").mkdir()
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    if mirror is None:
+        with pytest.raises(RuntimeError, match="TSORACLE_DEBIAN_MIRROR"):
+            images.debian_mirror("bookworm", tmp_path)
+    else:
+        assert images.debian_mirror("bookworm", tmp_path) == mirror
 
 
 # --- the real thing: build, import into a private containerd, run ---------------------------

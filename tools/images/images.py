@@ -304,12 +304,11 @@ def _add(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
 # --- the Debian base ----------------------------------------------------------------------
 
 
-def debian_mirror(suite: str) -> str:
+def debian_mirror(suite: str, apt: Path = Path("/etc/apt")) -> str:
     """The Debian mirror this host's apt uses for `suite` (one-line and deb822 sources), or
     $TSORACLE_DEBIAN_MIRROR."""
     if os.environ.get("TSORACLE_DEBIAN_MIRROR"):
         return os.environ["TSORACLE_DEBIAN_MIRROR"]
-    apt = Path("/etc/apt")
     files = [apt / "sources.list", *sorted((apt / "sources.list.d").glob("*.list"))]
     for path in [f for f in files if f.exists()]:
         for line in path.read_text().splitlines():
@@ -332,7 +331,7 @@ def debian_mirror(suite: str) -> str:
                 for uri in fields.get("uris", "").split():
                     if uri.startswith(("http:", "https:", "file:")):
                         return uri
-    raise RuntimeError(f"no apt source for Debian {suite} in /etc/apt; set TSORACLE_DEBIAN_MIRROR")
+    raise RuntimeError(f"no apt source for Debian {suite} in {apt}; set TSORACLE_DEBIAN_MIRROR")
 
 
 def _mounts_under(path: Path) -> list[str]:
@@ -751,11 +750,13 @@ def build_pause() -> Path:
 # --- containerd ---------------------------------------------------------------------------
 
 
-def import_archive(path: Path, address: str, namespace: str = "k8s.io") -> None:
-    """Import an archive into the containerd at `address` (and unpack it for its default
-    snapshotter, which is the one the CRI plugin uses)."""
-    proc = subprocess.run(["ctr", "--address", address, "-n", namespace, "images", "import",
-                           str(path)], capture_output=True, text=True)
+def import_archive(path: Path, address: str, namespace: str = "k8s.io",
+                   snapshotter: str | None = None) -> None:
+    """Import an archive into the containerd at `address` and unpack it for `snapshotter`
+    (default: containerd's, overlayfs; it must be the one the CRI plugin uses)."""
+    argv = ["ctr", "--address", address, "-n", namespace, "images", "import"]
+    argv += [f"--snapshotter={snapshotter}"] if snapshotter else []
+    proc = subprocess.run([*argv, str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"ctr images import {path} failed ({proc.returncode}): "
                            f"{proc.stderr.strip() or proc.stdout.strip()}")

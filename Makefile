@@ -1,13 +1,16 @@
 PYTHON ?= python3
 
-.PHONY: dev-cluster dev-cluster-down dev-cluster-reset test lint lincheck soak
+.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images test lint lincheck soak
 
 OPS ?= 100000
 
-dev-cluster:  ## start PostgreSQL, etcd and kube-apiserver; last line is `export KUBECONFIG=…`
+dev-cluster:  ## start PostgreSQL and a one-node cluster (root); last line is `export KUBECONFIG=…`
 	@$(PYTHON) tools/controlplane/cluster.py up
 
-dev-cluster-down:  ## stop it; etcd and PostgreSQL keep their data for the next `make dev-cluster`
+images:  ## build the operator and pause images (OCI archives) and import them into the dev node
+	@$(PYTHON) tools/images/build.py --import
+
+dev-cluster-down:  ## stop it (pods, shims, interfaces too); etcd, PostgreSQL and images stay for the next `make dev-cluster`
 	@$(PYTHON) tools/controlplane/cluster.py down
 
 dev-cluster-reset:  ## stop it and delete its state: the next `make dev-cluster` starts empty

@@ -235,7 +235,8 @@ class ControlPlane:
         for item in COREDNS_RBAC["items"]:
             self._apply(item)
         self.node.start_containerd(spawn, images.PAUSE_IMAGE)
-        self.node.import_images([images.build_pause()])
+        info["containerd_address"] = str(self.node.address)  # where `make images` imports
+        images.import_archive(images.build_pause(), str(self.node.address))
         self.node.start_components(spawn, binaries["kube-node"], binaries["coredns"],
                                    self._server(), tokens, free_port)
         self._wait_node(logs)

@@ -239,11 +239,6 @@ state = "{RUN / 'state'}"
             time.sleep(0.2)
         return pid
 
-    def import_images(self, archives: list[Path]) -> None:
-        for archive in archives:
-            _run("ctr", "--address", str(self.address), "-n", "k8s.io", "images", "import",
-                 "--no-unpack", str(archive))
-
     def _kubeconfig(self, component: str, server: str, token: str) -> Path:
         path = self.dir / f"{component}.kubeconfig"
         path.write_text(json.dumps({

@@ -57,6 +57,7 @@ from tsoracle.store import Backend, parse_url
 
 RETRY_SECONDS = 5.0
 LEASE_NAMESPACE_ENV, LEASE_NAME_ENV = "TSORACLE_LEASE_NAMESPACE", "TSORACLE_LEASE_NAME"
+LEASE_OWNER_ENV = "TSORACLE_LEASE_OWNER"  # the operator's Deployment (set by the chart)
 # The namespaces `tsoracle operator` watches (comma-separated; empty: cluster-wide), for the
 # start-up probe: kopf does not hand them to start-up handlers.
 WATCH_NAMESPACES_ENV = "TSORACLE_WATCH_NAMESPACES"
@@ -150,7 +151,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     await wait_until_served(namespaces)
     lease_ns = os.environ.get(LEASE_NAMESPACE_ENV)
     if lease_ns:
-        LEASE = LeaderLease(lease_ns, os.environ.get(LEASE_NAME_ENV) or "tsoracle-operator")
+        LEASE = LeaderLease(lease_ns, os.environ.get(LEASE_NAME_ENV) or "tsoracle-operator",
+                            owner=os.environ.get(LEASE_OWNER_ENV) or None)
         _LEASE_TASK = asyncio.get_running_loop().create_task(LEASE.run())
 
 

@@ -35,8 +35,14 @@ def _now() -> dt.datetime:
 
 
 class LeaderLease:
-    def __init__(self, namespace: str, name: str, identity: str | None = None) -> None:
+    def __init__(self, namespace: str, name: str, identity: str | None = None,
+                 owner: str | None = None) -> None:
+        """`owner`: the operator's Deployment (in `namespace`); the Lease names it as its owner,
+        so deleting the Deployment (`helm uninstall`) deletes the Lease too."""
         self.namespace, self.name = namespace, name
+        self.owner = owner
+        self._owner_ref: client.V1OwnerReference | None = None
+        self._owner_looked_up = False
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._held_until = 0.0  # monotonic; renewals push it forward
         self._changed = asyncio.Event()
@@ -119,16 +125,36 @@ class LeaderLease:
     def _api(self) -> client.CoordinationV1Api:
         return client.CoordinationV1Api(api_client())
 
+    def _owner_reference(self) -> client.V1OwnerReference | None:
+        if self.owner and not self._owner_looked_up:
+            try:
+                dep = client.AppsV1Api(api_client()).read_namespaced_deployment(
+                    self.owner, self.namespace)
+            except ApiException as exc:
+                if is_transient(exc):
+                    raise
+                log.warning("lease %s/%s: cannot read Deployment %s (%s); the Lease will "
+                            "outlive it: delete it by hand after uninstalling", self.namespace,
+                            self.name, self.owner, describe_api_error(exc))
+            else:
+                self._owner_ref = client.V1OwnerReference(
+                    api_version="apps/v1", kind="Deployment", name=dep.metadata.name,
+                    uid=dep.metadata.uid)
+            self._owner_looked_up = True
+        return self._owner_ref
+
     def _try_acquire(self) -> bool:
         api = self._api()
         now = _now()
+        owner = self._owner_reference()
         try:
             lease = api.read_namespaced_lease(self.name, self.namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             body = client.V1Lease(
-                metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+                metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace,
+                                             owner_references=[owner] if owner else None),
                 spec=client.V1LeaseSpec(holder_identity=self.identity,
                                         lease_duration_seconds=DURATION_S, acquire_time=now,
                                         renew_time=now, lease_transitions=0))
@@ -151,6 +177,11 @@ class LeaderLease:
         if holder != self.identity:
             spec.acquire_time = now
             spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        refs = lease.metadata.owner_references or []
+        if owner and all(ref.uid != owner.uid for ref in refs):
+            # A Lease from before the owner was set, or from a Deployment deleted and made again.
+            lease.metadata.owner_references = [
+                *(r for r in refs if (r.kind, r.name) != ("Deployment", owner.name)), owner]
         spec.holder_identity = self.identity
         spec.renew_time = now
         spec.lease_duration_seconds = DURATION_S

@@ -1,0 +1,286 @@
+"""The user's path on a real node: `make images`, `helm install` with the chart's defaults, the
+operator as a pod, `helm test`, a flip, a pod lost mid-flip, `helm upgrade` and `helm uninstall`.
+
+The cluster is tools/controlplane with its node (kubelet, containerd, runc, CNI bridge,
+kube-proxy, CoreDNS, scheduler, controller-manager), started by the module fixture in a folder of
+its own and purged afterwards. The tests run in file order and build on each other, as a user's
+session does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from support.kube import Kube, is_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
+sys.path.insert(0, str(ROOT / "tools" / "images"))
+
+import images  # noqa: E402
+from cluster import ControlPlane  # noqa: E402
+from kubetools import tools_dir  # noqa: E402
+from node import NODE_NAME, missing_prerequisites  # noqa: E402
+
+RELEASE, SYSTEM = "tsoracle", "tsoracle-system"
+NS = "orders-app"
+OPERATOR_SA = f"system:serviceaccount:{SYSTEM}:tsoracle"
+EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"
+TIMES: dict[str, float] = {}  # step -> seconds, printed at the end for the issue note
+
+
+def _timed(step: str, started: float) -> None:
+    TIMES[step] = round(time.monotonic() - started, 1)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory):
+    problems = missing_prerequisites()
+    assert not problems, "; ".join(problems)  # CI installs them: a missing one is a failure
+    state = tmp_path_factory.mktemp("node") / "state"
+    plane = ControlPlane(state, node=True)
+    plane.purge_when_this_process_exits()
+    started = time.monotonic()
+    kubeconfig = plane.up()
+    _timed("make dev-cluster (binaries cached)", started)
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "TSORACLE_DEV_CLUSTER_STATE": str(state),
+           "PATH": os.pathsep.join([str(bindir), str(tools_dir()), os.environ["PATH"]])}
+    try:
+        yield SimpleNamespace(kube=Kube(kubeconfig, tools_dir(), plane=plane), env=env,
+                              plane=plane, pg_url=plane.info()["postgres_url"], state=state)
+    finally:
+        print("\nnode test timings (s):", json.dumps(TIMES))
+        plane.down(purge=True)
+
+
+def run(node: SimpleNamespace, *argv: str, timeout: float = 600) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=node.env, timeout=timeout,
+                          cwd=ROOT)
+    assert proc.returncode == 0, f"{' '.join(argv)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+def operator_pods(kube: Kube) -> list[dict[str, Any]]:
+    return json.loads(kube.kubectl(
+        "-n", SYSTEM, "get", "pods", "-l", "app.kubernetes.io/component=operator",
+        "-o", "json").stdout)["items"]
+
+
+def wait_for(what: str, probe: Any, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := probe():
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def ready_pod(kube: Kube, *, other_than: str = "") -> dict[str, Any] | None:
+    for pod in operator_pods(kube):
+        conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+        if pod["metadata"]["name"] != other_than and pod["status"].get("phase") == "Running" \
+                and conds.get("Ready") == "True" and "deletionTimestamp" not in pod["metadata"]:
+            return pod
+    return None
+
+
+def probe_counts(kube: Kube, pod: str) -> dict[tuple[str, str], float]:
+    """The kubelet's own probe counters for a pod: (probe type, result) -> count."""
+    text = kube.kubectl("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/metrics/probes").stdout
+    counts: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        if line.startswith("prober_probe_total{") and f'pod="{pod}"' in line:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            key = (labels["probe_type"], labels["result"])
+            counts[key] = counts.get(key, 0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_make_images_imports_the_charts_image_into_the_node(node):
+    started = time.monotonic()
+    out = run(node, "make", "-s", "images")
+    _timed("make images", started)
+    assert images.OPERATOR_IMAGE in out, out
+    listed = subprocess.run(
+        ["ctr", "--address", node.plane.info()["containerd_address"], "-n", "k8s.io", "images",
+         "ls", "-q"], capture_output=True, text=True, check=True).stdout.split()
+    assert images.OPERATOR_IMAGE_NORMALISED in listed
+    assert images.PAUSE_IMAGE in listed
+
+
+def test_helm_install_runs_the_operator_as_a_ready_pod(node):
+    kube = node.kube
+    started = time.monotonic()
+    # The chart's defaults: no image override, no values at all.
+    run(node, "helm", "install", RELEASE, "charts/tsoracle", "-n", SYSTEM, "--create-namespace",
+        "--wait", "--timeout", "5m")
+    _timed("helm install --wait", started)
+    [pod] = operator_pods(kube)
+    name = pod["metadata"]["name"]
+    assert pod["spec"]["nodeName"] == NODE_NAME
+    assert pod["status"]["phase"] == "Running"
+    [status] = pod["status"]["containerStatuses"]
+    assert status["ready"] and status["restartCount"] == 0, status
+    assert status["image"] == images.OPERATOR_IMAGE_NORMALISED
+    # The kubelet probed it: its readiness made the pod Ready, and liveness (first after 10 s)
+    # answered too, both counted by the kubelet itself.
+    counts = wait_for("a liveness probe", lambda: (c := probe_counts(kube, name)).get(
+        ("Liveness", "successful")) and c, timeout=60)
+    assert counts.get(("Readiness", "successful"), 0) >= 1, counts
+    # Readiness may fail while the operator starts (no initial delay); liveness never may.
+    assert set(counts) <= {("Liveness", "successful"), ("Readiness", "successful"),
+                           ("Readiness", "failed")}, counts
+    # The ServiceAccount token was mounted by the kubelet (projected, nothing minted here).
+    assert pod["spec"]["serviceAccountName"] == "tsoracle"
+    token = kube.kubectl("-n", SYSTEM, "exec", name, "--", "cat",
+                         "/var/run/secrets/kubernetes.io/serviceaccount/token").stdout
+    claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+    assert claims["sub"] == OPERATOR_SA
+    assert claims["kubernetes.io"]["pod"]["name"] == name
+    # It runs as the chart says: uid 65532, read-only root file system.
+    ident = kube.kubectl("-n", SYSTEM, "exec", name, "--", "python", "-c",
+                         "import os; print(os.getuid()); open('/x', 'w')", check=False)
+    assert ident.stdout.split() == ["65532"] and "Read-only file system" in ident.stderr
+    # RBAC as the chart grants it, no more.
+    def can(*args: str) -> str:
+        return kube.kubectl("auth", "can-i", *args, "--as", OPERATOR_SA, check=False).stdout
+    assert can("watch", "timestamporacles.tsoracle.io", "-A").strip() == "yes"
+    assert can("create", "pods", "-n", SYSTEM).strip() == "no"
+
+
+def test_helm_test_hook_pod_runs_and_passes(node):
+    started = time.monotonic()
+    out = run(node, "helm", "test", RELEASE, "-n", SYSTEM, "--logs", "--timeout", "3m")
+    _timed("helm test", started)
+    assert re.search(r"Phase:\s+Succeeded", out), out
+    assert "operator is serving metrics" in out, out  # the hook pod's own output
+
+
+def test_apply_the_example_and_flip_with_the_plugin(node):
+    kube = node.kube
+    kube.kubectl("create", "namespace", NS)
+    kube.backend_secret(NS, "oracle-db", node.pg_url)  # the URL pods reach PostgreSQL at
+    started = time.monotonic()
+    kube.kubectl("-n", NS, "apply", "-f", str(EXAMPLE))
+    obj = kube.wait_tso(NS, "orders", is_ready, timeout=120, what="Ready")
+    _timed("kubectl apply -> Ready", started)
+    assert obj["status"]["epoch"] == 1
+    started = time.monotonic()
+    out = run(node, "kubectl", "tsoracle", "flip", "orders", "--to", "legacy", "-n", NS)
+    _timed("kubectl tsoracle flip", started)
+    assert "legacy" in out
+    obj = kube.tso(NS, "orders")
+    assert obj["status"]["epoch"] == 2 and obj["status"]["activeImplementation"] == "legacy"
+    wait_for("the Flipped event", lambda: kube.events(NS, "Flipped"), timeout=60)
+    shown = run(node, "kubectl", "tsoracle", "status", "orders", "-n", NS, "-o", "json")
+    assert json.loads(shown)["implementation"] == "legacy"
+
+
+def _admin(node: SimpleNamespace) -> psycopg.Connection[Any]:
+    return psycopg.connect(node.pg_url, autocommit=True)
+
+
+def test_operator_pod_deleted_mid_flip_a_new_pod_finishes_it_once(node):
+    """The flip's first statement waits on a table lock the test holds; the pod is deleted
+    while it waits, the lock released only once that pod is gone: the new pod must flip."""
+    kube = node.kube
+    [old] = [p["metadata"]["name"] for p in operator_pods(kube)]
+    flips_before = len(kube.events(NS, "Flipped"))
+    holder = psycopg.connect(node.pg_url)
+    table = holder.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+        " AND table_name LIKE %s", ("tsoracle_orders", "%timestamps%")).fetchone()[0]
+    holder.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(
+        sql.Identifier("tsoracle_orders", table)))
+    try:
+        kube.kubectl("-n", NS, "patch", "tso", "orders", "--type", "merge", "-p",
+                     '{"spec":{"implementation":"distributed"}}')
+        with _admin(node) as admin:
+            wait_for("the operator's flip to wait on the lock", lambda: admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                " 'tsoracle-operator' AND wait_event_type = 'Lock'").fetchone()[0], timeout=60)
+        kube.kubectl("-n", SYSTEM, "delete", "pod", old, "--grace-period=0", "--force")
+        wait_for("the old pod's container to be gone", lambda: old not in kube.kubectl(
+            "-n", SYSTEM, "get", "pods", "-o", "name").stdout, timeout=60)
+        new = wait_for("a new Ready operator pod", lambda: ready_pod(kube, other_than=old),
+                       timeout=180)
+    finally:
+        holder.rollback()
+        holder.close()
+    obj = kube.wait_tso(NS, "orders", lambda o: is_ready(o) and o["status"]["epoch"] == 3,
+                        timeout=120, what="the flip finished by the new pod")
+    assert obj["status"]["activeImplementation"] == "distributed"
+    assert new["metadata"]["name"] != old
+    time.sleep(5)  # room for a wrong second flip or a late event
+    with _admin(node) as admin:
+        epoch = admin.execute(sql.SQL("SELECT epoch FROM {} WHERE id = 1").format(
+            sql.Identifier("tsoracle_orders", table.replace("timestamps", "deployment")))
+        ).fetchone()[0]
+    assert epoch == 3
+    assert kube.tso(NS, "orders")["status"]["epoch"] == 3
+    assert len(kube.events(NS, "Flipped")) == flips_before + 1
+
+
+def test_operator_logs_tell_the_story_without_secrets(node):
+    kube = node.kube
+    pod = ready_pod(kube)
+    assert pod is not None
+    logs = kube.kubectl("-n", SYSTEM, "logs", pod["metadata"]["name"]).stdout
+    assert f"{NS}/orders" in logs, logs[-3000:]
+    assert re.search(r"flip", logs, re.IGNORECASE), logs[-3000:]
+    password = psycopg.conninfo.conninfo_to_dict(node.pg_url)["password"]
+    assert password not in logs and node.pg_url not in logs
+
+
+def _leftovers(kube: Kube) -> list[str]:
+    names = kube.kubectl("-n", SYSTEM, "get", "deployments,replicasets,pods,services,"
+                         "serviceaccounts,roles,rolebindings,leases,configmaps", "-o",
+                         "name").stdout.split()
+    names += kube.kubectl("get", "clusterroles,clusterrolebindings", "-l",
+                          f"app.kubernetes.io/instance={RELEASE}", "-o", "name").stdout.split()
+    # What every namespace has of its own is not the chart's.
+    return [n for n in names if n not in ("serviceaccount/default", "configmap/kube-root-ca.crt")]
+
+
+def test_helm_upgrade_then_uninstall_leaves_nothing_behind(node):
+    kube = node.kube
+    [before] = [p["metadata"]["name"] for p in operator_pods(kube)]
+    started = time.monotonic()
+    run(node, "helm", "upgrade", RELEASE, "charts/tsoracle", "-n", SYSTEM, "--reuse-values",
+        "--set", "metrics.port=9191", "--wait", "--timeout", "5m")
+    _timed("helm upgrade --wait", started)
+    pod = wait_for("the upgraded pod alone", lambda: (p := operator_pods(kube)) and len(p) == 1
+                   and p[0]["metadata"]["name"] != before and ready_pod(kube), timeout=120)
+    assert "--metrics-port=9191" in pod["spec"]["containers"][0]["args"]
+    replicasets = json.loads(kube.kubectl("-n", SYSTEM, "get", "rs", "-o", "json").stdout)
+    assert sorted(rs["status"]["replicas"] for rs in replicasets["items"]) == [0, 1]
+
+    started = time.monotonic()
+    run(node, "helm", "uninstall", RELEASE, "-n", SYSTEM, "--wait", "--timeout", "3m")
+    # helm deletes the Deployment; its ReplicaSets and Pods go by garbage collection.
+    left: list[str] = []
+
+    def gone() -> bool:
+        left[:] = _leftovers(kube)
+        return not left
+    try:
+        wait_for("garbage collection", gone, timeout=120)
+    except AssertionError:
+        raise AssertionError(f"left behind after helm uninstall: {left}") from None
+    _timed("helm uninstall -> nothing left", started)
+    crd = kube.kubectl("get", "crd", "timestamporacles.tsoracle.io", "-o", "json", check=False)
+    assert crd.returncode == 0, "the CRD must be kept (helm.sh/resource-policy: keep)"
+    assert kube.tso(NS, "orders")["metadata"]["name"] == "orders"  # and the resources with it

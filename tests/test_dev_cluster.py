@@ -56,3 +56,61 @@ def test_bad_arguments_print_usage():
     assert proc.returncode == 2
     assert "down --purge" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _ours(state: str) -> list[str]:
+    """Processes of the node under `state`: its components, containerd's shims, containers."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cgroups = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if state in argv or "/run/tsoracle-node/" in argv or "/kubepods" in cgroups:
+            found.append(f"{proc.name}: {argv[:120]}")
+    return found
+
+
+def test_node_versions_and_down_leaves_no_process_or_interface(tmp_path):
+    """Each component reports its real version; `down` stops containers and shims and removes
+    the bridge and the Service rules; `up` brings the same pods back."""
+    state = str(tmp_path / "dev")
+    try:
+        kubeconfig = cluster("up", state).splitlines()[-1].removeprefix("export KUBECONFIG=")
+        info = json.loads((Path(state) / "cluster.json").read_text())
+        node = json.loads(kubectl(kubeconfig, "get", "node", "tsoracle-node", "-o",
+                                  "json").stdout)["status"]["nodeInfo"]
+        assert node["kubeletVersion"] == "v1.35.4"
+        assert node["containerRuntimeVersion"].startswith("containerd://1.6")
+        for component in ("kube-scheduler", "kube-controller-manager", "kube-proxy"):
+            argv = Path(f"/proc/{info['pids'][component]}/cmdline").read_bytes().split(b"\0")
+            version = subprocess.run([argv[0].decode(), component, "--version"],
+                                     capture_output=True, text=True, timeout=30).stdout
+            assert version.strip() == "Kubernetes v1.35.4", (component, version)
+        argv = Path(f"/proc/{info['pids']['coredns']}/cmdline").read_bytes().split(b"\0")
+        assert "CoreDNS-1.14.7" in subprocess.run([argv[0].decode(), "-version"],
+                                                 capture_output=True, text=True).stdout
+
+        assert kubectl(kubeconfig, "run", "sleeper", "--image=tsoracle.dev/pause:3.10",
+                       "--image-pull-policy=Never").returncode == 0
+        assert kubectl(kubeconfig, "wait", "pod/sleeper", "--for=condition=Ready",
+                       "--timeout=120s").returncode == 0
+        assert any("/pause" in p for p in _ours(state))  # the test sees containers
+        cluster("down", state)
+        assert _ours(state) == []
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert "tsoracle0" not in links
+        rules = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True,
+                               text=True).stdout
+        assert "KUBE-" not in rules
+        assert state not in Path("/proc/self/mounts").read_text()
+
+        kubeconfig = cluster("up", state).splitlines()[-1].removeprefix("export KUBECONFIG=")
+        assert kubectl(kubeconfig, "wait", "pod/sleeper", "--for=condition=Ready",
+                       "--timeout=120s").returncode == 0
+    finally:
+        cluster("down", "--purge", state)
+    assert _ours(state) == []

@@ -172,8 +172,10 @@ class ControlPlane:
             subprocess.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out",
                             str(pki / "sa.pub")], check=True, capture_output=True)
         tokens = self.node.prepare_pki() if self.with_node else {}
-        (pki / "tokens.csv").write_text("\n".join([f'{ADMIN_TOKEN},admin,admin,"system:masters"',
-                                                   *self.node.token_lines(tokens)]) + "\n")
+        users = [f'{ADMIN_TOKEN},admin,admin,"system:masters"']
+        if tokens:
+            users += self.node.token_lines(tokens)
+        (pki / "tokens.csv").write_text("\n".join(users) + "\n")
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         logs = self.state / "logs"
         logs.mkdir(exist_ok=True)

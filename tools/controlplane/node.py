@@ -227,6 +227,10 @@ state = "{RUN / 'state'}"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+  # No registry: a pull of anything not imported fails at once on a closed local port,
+  # rather than reaching out to the Internet.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{self._no_registry()}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN}"
     conf_dir = "{cni_conf}"
@@ -238,6 +242,12 @@ state = "{RUN / 'state'}"
                 raise NodeError(f"containerd did not start; see {self.state}/logs/containerd.log")
             time.sleep(0.2)
         return pid
+
+    def _no_registry(self) -> Path:
+        hosts = self.dir / "registry-hosts"
+        (hosts / "_default").mkdir(parents=True, exist_ok=True)
+        (hosts / "_default" / "hosts.toml").write_text('server = "http://127.0.0.1:9"\n')
+        return hosts
 
     def _kubeconfig(self, component: str, server: str, token: str) -> Path:
         path = self.dir / f"{component}.kubeconfig"

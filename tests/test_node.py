@@ -39,6 +39,7 @@ NS = "orders-app"
 OPERATOR_SA = f"system:serviceaccount:{SYSTEM}:tsoracle"
 EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"
 TIMES: dict[str, float] = {}  # step -> seconds, printed at the end for the issue note
+SEEN: dict[str, Any] = {}  # pods, phases and probe counts, printed with them
 
 
 def _timed(step: str, started: float) -> None:
@@ -63,6 +64,7 @@ def node(tmp_path_factory: pytest.TempPathFactory):
                               plane=plane, pg_url=plane.info()["postgres_url"], state=state)
     finally:
         print("\nnode test timings (s):", json.dumps(TIMES))
+        print("node test saw:", json.dumps(SEEN, default=str))
         plane.down(purge=True)
 
 
@@ -140,6 +142,8 @@ def test_helm_install_runs_the_operator_as_a_ready_pod(node):
     counts = wait_for("a liveness probe", lambda: (c := probe_counts(kube, name)).get(
         ("Liveness", "successful")) and c, timeout=60)
     assert counts.get(("Readiness", "successful"), 0) >= 1, counts
+    SEEN["installed pod"] = {"name": name, "phase": pod["status"]["phase"],
+                             "probes": {f"{t}/{r}": n for (t, r), n in counts.items()}}
     # Readiness may fail while the operator starts (no initial delay); liveness never may.
     assert set(counts) <= {("Liveness", "successful"), ("Readiness", "successful"),
                            ("Readiness", "failed")}, counts
@@ -224,6 +228,7 @@ def test_operator_pod_deleted_mid_flip_a_new_pod_finishes_it_once(node):
                         timeout=120, what="the flip finished by the new pod")
     assert obj["status"]["activeImplementation"] == "distributed"
     assert new["metadata"]["name"] != old
+    SEEN["mid-flip"] = {"deleted": old, "finished by": new["metadata"]["name"]}
     time.sleep(5)  # room for a wrong second flip or a late event
     with _admin(node) as admin:
         epoch = admin.execute(sql.SQL("SELECT epoch FROM {} WHERE id = 1").format(
@@ -265,6 +270,7 @@ def test_helm_upgrade_then_uninstall_leaves_nothing_behind(node):
     pod = wait_for("the upgraded pod alone", lambda: (p := operator_pods(kube)) and len(p) == 1
                    and p[0]["metadata"]["name"] != before and ready_pod(kube), timeout=120)
     assert "--metrics-port=9191" in pod["spec"]["containers"][0]["args"]
+    SEEN["upgraded pod"] = {"name": pod["metadata"]["name"], "phase": pod["status"]["phase"]}
     replicasets = json.loads(kube.kubectl("-n", SYSTEM, "get", "rs", "-o", "json").stdout)
     assert sorted(rs["status"]["replicas"] for rs in replicasets["items"]) == [0, 1]
 

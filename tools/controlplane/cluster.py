@@ -98,6 +98,10 @@ def build(name: str, version: str) -> Path:
     subprocess.run(["go", "build", "-p", "2", "-trimpath", f"-ldflags={ldflags}", "-o", str(tmp),
                     "."], cwd=HERE / name, env=env, check=True)
     os.replace(tmp, out)  # atomic: a concurrent build of the same recipe wins or loses whole
+    # Earlier recipes of this version are dead weight (a process running one keeps its inode).
+    for stale in CACHE.glob(f"{name}-{version}-*"):
+        if stale != out and not stale.name.endswith(".tmp"):
+            stale.unlink(missing_ok=True)
     return out
 
 

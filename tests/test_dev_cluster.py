@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from kubetools import tools_dir
@@ -67,11 +68,21 @@ def _ours(state: str) -> list[str]:
         try:
             argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             cgroups = (proc / "cgroup").read_text()
-        except OSError:
+            zombie = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            continue
+        if zombie or int(proc.name) == os.getpid():
             continue
         if state in argv or "/run/tsoracle-node/" in argv or "/kubepods" in cgroups:
             found.append(f"{proc.name}: {argv[:120]}")
     return found
+
+
+def _container_id(kubeconfig: str) -> str:
+    pod = json.loads(kubectl(kubeconfig, "get", "pod", "sleeper", "-o", "json").stdout)
+    statuses = pod["status"].get("containerStatuses") or [{}]
+    running = "running" in statuses[0].get("state", {})
+    return statuses[0].get("containerID", "") if running else ""
 
 
 def test_node_versions_and_down_leaves_no_process_or_interface(tmp_path):
@@ -99,16 +110,26 @@ def test_node_versions_and_down_leaves_no_process_or_interface(tmp_path):
         assert kubectl(kubeconfig, "wait", "pod/sleeper", "--for=condition=Ready",
                        "--timeout=120s").returncode == 0
         assert any("/pause" in p for p in _ours(state))  # the test sees containers
+        before = _container_id(kubeconfig)
         cluster("down", state)
         assert _ours(state) == []
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         assert "tsoracle0" not in links
-        rules = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True,
-                               text=True).stdout
-        assert "KUBE-" not in rules
-        assert state not in Path("/proc/self/mounts").read_text()
+        for tool in ("iptables", "ip6tables"):
+            for table in ("nat", "filter", "mangle"):
+                rules = subprocess.run([tool, "-t", table, "-S"], capture_output=True,
+                                       text=True).stdout
+                assert "KUBE-" not in rules and "TSORACLE-" not in rules, (tool, table, rules)
+        mounts = Path("/proc/self/mounts").read_text()
+        assert state not in mounts and "/run/tsoracle-node" not in mounts
+        assert not list(Path("/run/tsoracle-node").glob("containerd.sock*"))
 
         kubeconfig = cluster("up", state).splitlines()[-1].removeprefix("export KUBECONFIG=")
+        # The same pod runs again: a new container (the old status would read Ready at once).
+        deadline = time.monotonic() + 120
+        while _container_id(kubeconfig) in (before, "") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _container_id(kubeconfig) not in (before, "")
         assert kubectl(kubeconfig, "wait", "pod/sleeper", "--for=condition=Ready",
                        "--timeout=120s").returncode == 0
     finally:

@@ -216,9 +216,13 @@ def test_operator_pod_deleted_mid_flip_a_new_pod_finishes_it_once(node):
             wait_for("the operator's flip to wait on the lock", lambda: admin.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
                 " 'tsoracle-operator' AND wait_event_type = 'Lock'").fetchone()[0], timeout=60)
+        container = operator_pods(kube)[0]["status"]["containerStatuses"][0]["containerID"]
         kube.kubectl("-n", SYSTEM, "delete", "pod", old, "--grace-period=0", "--force")
-        wait_for("the old pod's container to be gone", lambda: old not in kube.kubectl(
-            "-n", SYSTEM, "get", "pods", "-o", "name").stdout, timeout=60)
+        # The API object goes at once with --force; the process goes when the kubelet kills it.
+        tasks = ["ctr", "--address", node.plane.info()["containerd_address"], "-n", "k8s.io",
+                 "tasks", "ls", "-q"]
+        wait_for("the old pod's container to stop", lambda: container.split("//")[1] not in
+                 subprocess.run(tasks, capture_output=True, text=True).stdout, timeout=60)
         new = wait_for("a new Ready operator pod", lambda: ready_pod(kube, other_than=old),
                        timeout=180)
     finally:
@@ -271,8 +275,10 @@ def test_helm_upgrade_then_uninstall_leaves_nothing_behind(node):
                    and p[0]["metadata"]["name"] != before and ready_pod(kube), timeout=120)
     assert "--metrics-port=9191" in pod["spec"]["containers"][0]["args"]
     SEEN["upgraded pod"] = {"name": pod["metadata"]["name"], "phase": pod["status"]["phase"]}
-    replicasets = json.loads(kube.kubectl("-n", SYSTEM, "get", "rs", "-o", "json").stdout)
-    assert sorted(rs["status"]["replicas"] for rs in replicasets["items"]) == [0, 1]
+    def replicas() -> list[int]:
+        items = json.loads(kube.kubectl("-n", SYSTEM, "get", "rs", "-o", "json").stdout)["items"]
+        return sorted(rs["status"].get("replicas", 0) for rs in items)
+    wait_for("the old ReplicaSet scaled to 0", lambda: replicas() == [0, 1], timeout=60)
 
     started = time.monotonic()
     run(node, "helm", "uninstall", RELEASE, "-n", SYSTEM, "--wait", "--timeout", "3m")

@@ -16,9 +16,12 @@ no default ServiceAccount appears.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import ssl
@@ -44,6 +47,7 @@ from node import (  # noqa: E402
     Node,
     NodeError,
     missing_prerequisites,
+    write_secret,
 )
 
 # Every version the cluster is built from, in one place.
@@ -52,7 +56,6 @@ ETCD_VERSION = "v3.6.16"
 VERSIONS = {"etcd": ETCD_VERSION, "kube-apiserver": K8S_VERSION, "kube-node": K8S_VERSION,
             "coredns": COREDNS_VERSION}
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
-ADMIN_TOKEN = "tsoracle-dev-admin-token"
 # `make dev-cluster` keeps its state here; the docs tests point it elsewhere.
 DEFAULT_STATE = Path(os.environ.get("TSORACLE_DEV_CLUSTER_STATE",
                                     HERE.parent.parent / ".dev-cluster"))
@@ -122,6 +125,17 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _after(stamp: str, since: float) -> bool:
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() >= since
+
+
 class ControlPlane:
     def __init__(self, state: str | os.PathLike[str] = DEFAULT_STATE, *,
                  postgres: bool = True, node: bool = False) -> None:
@@ -136,6 +150,14 @@ class ControlPlane:
         self.pg = LocalPostgres(self.state / "pg", host=self.host,
                                 extra_listen=((NODE_IP, POD_CIDR),) if node else ())
 
+    def admin_token(self) -> str:
+        """The admin's bearer token, random per state folder (it may start privileged pods)."""
+        path = self.state / "pki" / "admin-token"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_secret(path, secrets.token_hex(16))
+        return path.read_text().strip()
+
     def info(self) -> dict[str, object]:
         return json.loads(self.info_file.read_text()) if self.info_file.exists() else {}
 
@@ -147,23 +169,33 @@ class ControlPlane:
             return False
         return self._ready(int(info["apiserver_port"]), timeout=2)
 
+    def _node_lock(self) -> contextlib.AbstractContextManager[None]:
+        uses_node = self.with_node or self.info().get("node") or self.node.owned()
+        return Node.locked() if uses_node and os.geteuid() == 0 else contextlib.nullcontext()
+
     def up(self) -> Path:
-        if self.healthy() and self.kubeconfig.exists():
-            if self.with_postgres:
-                self.pg.start()
-            return self.kubeconfig
-        self.down()
         if self.with_node and (problems := missing_prerequisites()):
             raise NodeError("cannot start the node: " + "; ".join(problems))
         binaries = {name: build(name, version) for name, version in VERSIONS.items()
                     if self.with_node or name in ("etcd", "kube-apiserver")}
+        with self._node_lock():
+            if self.healthy() and self.kubeconfig.exists():
+                if self.with_postgres:
+                    self.pg.start()
+                return self.kubeconfig
+            if self.with_node:
+                self.node.claim()  # before stopping anything: another folder's node stays
+            self._down()
+            return self._up(binaries)
+
+    def _up(self, binaries: dict[str, Path]) -> Path:
         self.state.mkdir(parents=True, exist_ok=True)
         if self.with_node:
-            self.node.claim()
             self.node.network_up()
         pg_url = self.pg.start() if self.with_postgres else None
         pki = self.state / "pki"
         pki.mkdir(exist_ok=True)
+        pki.chmod(0o700)  # keys and tokens
         # The API server signs its own serving certificate for its address, once.
         advertised = pki / "advertised-address"
         if advertised.exists() and advertised.read_text() != self.host:
@@ -176,10 +208,10 @@ class ControlPlane:
             subprocess.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out",
                             str(pki / "sa.pub")], check=True, capture_output=True)
         tokens = self.node.prepare_pki() if self.with_node else {}
-        users = [f'{ADMIN_TOKEN},admin,admin,"system:masters"']
+        users = [f'{self.admin_token()},admin,admin,"system:masters"']
         if tokens:
             users += self.node.token_lines(tokens)
-        (pki / "tokens.csv").write_text("\n".join(users) + "\n")
+        write_secret(pki / "tokens.csv", "\n".join(users) + "\n")
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         logs = self.state / "logs"
         logs.mkdir(exist_ok=True)
@@ -216,14 +248,14 @@ class ControlPlane:
         self.info_file.write_text(json.dumps(info))
         if not self._ready(api_port, timeout=120, pid=apiserver):
             tail = (logs / "kube-apiserver.log").read_text()[-3000:]
-            self.down()
+            self._down()
             raise RuntimeError(f"kube-apiserver did not become ready:\n{tail}")
         self._write_kubeconfig(api_port, pki / "apiserver.crt")
         if self.with_node:
             try:
                 self._start_node(info, binaries, tokens, logs)
             except BaseException:
-                self.down()
+                self._down()
                 raise
         return self.kubeconfig
 
@@ -272,7 +304,7 @@ class ControlPlane:
         req = urllib.request.Request(
             self._server() + path, method=method,
             data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}",
+            headers={"Authorization": f"Bearer {self.admin_token()}",
                      "Content-Type": "application/json"})
         with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
             return json.loads(resp.read() or b"null")
@@ -287,8 +319,10 @@ class ControlPlane:
                 raise
 
     def _wait_node(self, logs: Path, timeout: float = 180) -> None:
-        """Until the node is Ready, the default ServiceAccount exists (the controller-manager
-        works) and CoreDNS answers its readiness port."""
+        """Until this kubelet has reported the node Ready (a Ready condition from before a
+        `down` does not count) and the default ServiceAccount exists (the controller-manager
+        works)."""
+        since = time.time() - 2  # the API server stamps with this machine's clock
         deadline = time.monotonic() + timeout
         waiting = "the node"
         while time.monotonic() < deadline:
@@ -299,7 +333,8 @@ class ControlPlane:
             try:
                 node = self._api("GET", f"/api/v1/nodes/{NODE_NAME}")
                 ready = [c for c in node["status"].get("conditions", [])
-                         if c["type"] == "Ready" and c["status"] == "True"]
+                         if c["type"] == "Ready" and c["status"] == "True" and _after(
+                             c["lastHeartbeatTime"], since)]
                 waiting = "the node to be Ready"
                 if ready:
                     waiting = "the default ServiceAccount"
@@ -326,7 +361,7 @@ class ControlPlane:
         deadline = time.monotonic() + timeout
         while True:
             req = urllib.request.Request(f"https://{self.host}:{port}/readyz",
-                                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+                                         headers={"Authorization": f"Bearer {self.admin_token()}"})
             try:
                 with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
                     if resp.status == 200:
@@ -338,31 +373,38 @@ class ControlPlane:
             time.sleep(0.5)
 
     def _write_kubeconfig(self, port: int, ca: Path) -> None:
-        self.kubeconfig.write_text(json.dumps({
+        write_secret(self.kubeconfig, json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "tsoracle-dev",
             "clusters": [{"name": "tsoracle-dev", "cluster": {
                 "server": f"https://{self.host}:{port}", "certificate-authority": str(ca)}}],
-            "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+            "users": [{"name": "admin", "user": {"token": self.admin_token()}}],
             "contexts": [{"name": "tsoracle-dev",
                           "context": {"cluster": "tsoracle-dev", "user": "admin"}}],
         }, indent=2))
-        self.kubeconfig.chmod(0o600)
 
     def down(self, purge: bool = False) -> None:
         """Stop every process; `purge` also deletes etcd's and PostgreSQL's data and the keys,
         so the next `up` starts an empty cluster (no CRD or release left from earlier runs)."""
+        with self._node_lock():
+            self._down(purge)
+
+    def _down(self, purge: bool = False) -> None:
         info = self.info()
-        if info.get("node") or self.node.owned():
+        # Only the node's owner tears it down: a stale folder must not stop another's node.
+        if self.node.owned():
             self.node.teardown({k: int(v) for k, v in info.get("pids", {}).items()})
-        for pid in self.info().get("pids", {}).values():
-            if _alive(int(pid)):
-                os.kill(int(pid), signal.SIGTERM)
+        # A recorded pid is ours only while its command line still names this folder.
+        pids = [int(p) for p in info.get("pids", {}).values()
+                if str(self.state).encode() in _cmdline(int(p))]
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 5  # the API server drains for long; tests need no drain
-        for pid in self.info().get("pids", {}).values():
-            while _alive(int(pid)) and time.monotonic() < deadline:
+        for pid in pids:
+            while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if _alive(int(pid)):
-                os.kill(int(pid), signal.SIGKILL)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
         if self.info_file.exists():
             self.info_file.unlink()
         if self.with_postgres:

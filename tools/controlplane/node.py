@@ -12,6 +12,8 @@ runtime files live under /run/tsoracle-node, which also says which state folder 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -21,7 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 NODE_NAME = "tsoracle-node"
@@ -34,7 +36,8 @@ COREDNS_VERSION = "v1.14.7"
 # Short and fixed: unix sockets allow ~100 bytes of path, and one node per machine anyway.
 RUN = Path("/run/tsoracle-node")
 CNI_BIN = Path("/usr/lib/cni")
-COMPONENTS = ("kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "coredns")
+SYSCTLS = ("net/bridge/bridge-nf-call-iptables", "net/ipv4/ip_forward")
+GUARD_IN, GUARD_OUT = "TSORACLE-NODE-IN", "TSORACLE-NODE-FWD"
 # Identities the control plane's bootstrap RBAC already knows (except CoreDNS: see RBAC below).
 USERS = {
     "kubelet": (f"system:node:{NODE_NAME}", "system:nodes"),
@@ -62,6 +65,14 @@ COREDNS_RBAC = {
 
 class NodeError(RuntimeError):
     """The node cannot start here; the message says what to do."""
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write a file only its owner can read, from the first byte on."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
 
 
 def missing_prerequisites() -> list[str]:
@@ -126,21 +137,33 @@ class Node:
         self.owner_file = RUN / "owner"
 
     # --- ownership: one node per machine -------------------------------------------------
-    def claim(self) -> None:
+    @staticmethod
+    @contextlib.contextmanager
+    def locked() -> Iterator[None]:
+        """One `up` or `down` of a node at a time on this machine."""
         RUN.mkdir(parents=True, exist_ok=True)
+        with open(RUN / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def claim(self) -> None:
+        """Become the machine's node, or say which one runs; call with `locked()` held."""
         owner = self.owner_file.read_text().strip() if self.owner_file.exists() else ""
-        if owner and owner != str(self.state) and Path(owner, "cluster.json").exists():
-            info = json.loads(Path(owner, "cluster.json").read_text())
-            if any(_alive(int(p)) for p in info.get("pids", {}).values()):
+        if owner and owner != str(self.state):
+            other = Node(Path(owner))
+            if other.running():
                 raise NodeError(f"a dev cluster's node already runs on this machine (state "
                                 f"{owner}); stop it first: python tools/controlplane/cluster.py "
                                 f"down {owner}")
-        if owner and owner != str(self.state):
-            Node(Path(owner)).teardown()  # a crashed cluster's leftovers
+            other.teardown()  # a crashed cluster's leftovers
         self.owner_file.write_text(str(self.state))
 
     def owned(self) -> bool:
         return self.owner_file.exists() and self.owner_file.read_text().strip() == str(self.state)
+
+    def running(self) -> bool:
+        """Any of this node's processes alive (found by their files, not by recorded pids)."""
+        return bool(self._processes(str(self.dir)))
 
     # --- network --------------------------------------------------------------------------
     def network_up(self) -> None:
@@ -149,10 +172,31 @@ class Node:
         if NODE_IP not in _run("ip", "-4", "addr", "show", "dev", BRIDGE).stdout:
             _run("ip", "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE)
         _run("ip", "link", "set", BRIDGE, "up")
-        # Service traffic between pods on one bridge must pass iptables to be DNATed.
+        # Service traffic between pods on one bridge must pass iptables to be DNATed, and a
+        # ClusterIP answered by another pod is routed back onto the bridge. The values found
+        # are put back by teardown.
         _run("modprobe", "br_netfilter", check=False)
-        for key in ("net/bridge/bridge-nf-call-iptables", "net/ipv4/ip_forward"):
+        saved = RUN / "sysctl.json"
+        if not saved.exists():
+            saved.write_text(json.dumps({k: Path("/proc/sys", k).read_text().strip()
+                                         for k in SYSCTLS}))
+        for key in SYSCTLS:
             Path("/proc/sys", key).write_text("1\n")
+        self._firewall()
+
+    @staticmethod
+    def _firewall() -> None:
+        """Only the host and pods reach the node's address, and pods reach nothing beyond the
+        bridge: the API server's admin may start privileged pods, and no traffic leaves."""
+        guards = ((GUARD_IN, "INPUT", ["-d", f"{NODE_IP}/32"], [["-i", "lo"], ["-i", BRIDGE]]),
+                  (GUARD_OUT, "FORWARD", ["-i", BRIDGE], [["-o", BRIDGE]]))
+        for chain, hook, match, allowed in guards:
+            if _run("iptables", "-N", chain, check=False).returncode == 0:
+                for rule in allowed:
+                    _run("iptables", "-A", chain, *rule, "-j", "RETURN")
+                _run("iptables", "-A", chain, "-j", "DROP")
+            if _run("iptables", "-C", hook, *match, "-j", chain, check=False).returncode:
+                _run("iptables", "-I", hook, "1", *match, "-j", chain)
 
     # --- certificates and identities ------------------------------------------------------
     def prepare_pki(self) -> dict[str, str]:
@@ -175,8 +219,7 @@ class Node:
                  "-out", str(pki / "apiserver-kubelet-client.crt"))
         tokens_file = pki / "node-tokens.json"
         if not tokens_file.exists():
-            tokens_file.write_text(json.dumps({c: secrets.token_hex(16) for c in USERS}))
-            tokens_file.chmod(0o600)
+            write_secret(tokens_file, json.dumps({c: secrets.token_hex(16) for c in USERS}))
         return dict(json.loads(tokens_file.read_text()))
 
     def token_lines(self, tokens: dict[str, str]) -> list[str]:
@@ -227,6 +270,8 @@ state = "{RUN / 'state'}"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "{RUN / 'runc'}"
   # No registry: a pull of anything not imported fails at once on a closed local port,
   # rather than reaching out to the Internet.
   [plugins."io.containerd.grpc.v1.cri".registry]
@@ -251,14 +296,13 @@ state = "{RUN / 'state'}"
 
     def _kubeconfig(self, component: str, server: str, token: str) -> Path:
         path = self.dir / f"{component}.kubeconfig"
-        path.write_text(json.dumps({
+        write_secret(path, json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "node",
             "clusters": [{"name": "dev", "cluster": {
                 "server": server, "certificate-authority": str(self.pki / "apiserver.crt")}}],
             "users": [{"name": component, "user": {"token": token}}],
             "contexts": [{"name": "node", "context": {"cluster": "dev", "user": component}}],
         }))
-        path.chmod(0o600)
         return path
 
     def start_components(self, spawn: Callable[[str, list[str]], int], binary: Path,
@@ -307,6 +351,7 @@ state = "{RUN / 'state'}"
             "containerRuntimeEndpoint": f"unix://{self.address}",
             "rotateCertificates": False, "serializeImagePulls": False,
             "maxPods": 60,
+            "podLogsDir": str(self.dir / "pod-logs"),
         }, indent=2))
         pids["kubelet"] = spawn("kubelet", [
             str(binary), "kubelet", "--config", str(kubelet_config),
@@ -391,28 +436,78 @@ state = "{RUN / 'state'}"
 
     def teardown(self, pids: dict[str, int] | None = None) -> None:
         """Stop the node's processes, containers and shims, release its mounts, network
-        namespaces, iptables chains and bridge. Safe to repeat."""
-        pids = pids or {}
-        _stop([pids[c] for c in ("kubelet", "kube-controller-manager", "kube-scheduler",
-                                 "coredns") if c in pids])
+        namespaces, iptables chains and bridge, and put the sysctls back. Safe to repeat, and
+        works from the files alone (a crashed `up` may have recorded no pid)."""
+        pids = dict(pids or {})
+        mine = str(self.dir)
+        front = [pid for pid in self._processes(mine)
+                 if not self._cmd(pid).startswith(("containerd", "kube-proxy"))]
+        _stop([*(pids[c] for c in ("kubelet", "kube-controller-manager", "kube-scheduler",
+                                   "coredns") if c in pids), *front])
         netns = self.stop_containers()
-        if "containerd" in pids:
-            _stop([pids["containerd"]])
+        _stop([*([pids["containerd"]] if "containerd" in pids else []),
+               *(p for p in self._processes(mine) if self._cmd(p).startswith("containerd"))])
         _stop(self._shims(), timeout=5)
+        if self.owned() or not self.owner_file.exists():
+            _stop(self._pod_processes(), timeout=2)  # containerd could not kill them
         for path in netns:
             _run("umount", path, check=False)
             Path(path).unlink(missing_ok=True)
         self._unmount_under([self.dir, RUN])
-        if "kube-proxy" in pids:
-            _stop([pids["kube-proxy"]])
+        _stop([*([pids["kube-proxy"]] if "kube-proxy" in pids else []),
+               *self._processes(mine)])
         self._remove_iptables_chains()
+        for link in _run("ip", "-o", "link", "show", "master", BRIDGE, check=False).stdout \
+                .splitlines():
+            _run("ip", "link", "del", link.split(":")[1].strip().split("@")[0], check=False)
         _run("ip", "link", "del", BRIDGE, check=False)
         self._remove_pod_cgroups()
+        for result in Path("/var/lib/cni/results").glob("tsoracle-*"):
+            result.unlink(missing_ok=True)  # libcni's cache of this network's attachments
+        saved = RUN / "sysctl.json"
+        if saved.exists():
+            for key, value in json.loads(saved.read_text()).items():
+                Path("/proc/sys", key).write_text(f"{value}\n")
+            saved.unlink()
         shutil.rmtree(RUN / "state", ignore_errors=True)
+        shutil.rmtree(RUN / "runc", ignore_errors=True)
         for leftover in RUN.glob("containerd.sock*"):
             leftover.unlink(missing_ok=True)
         if self.owned():
             self.owner_file.unlink()
+
+    @staticmethod
+    def _cmd(pid: int) -> str:
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            return ""
+        return os.path.basename(argv0.decode(errors="replace"))
+
+    @staticmethod
+    def _processes(needle: str) -> list[int]:
+        """Live processes whose command line names `needle` (a path of this node's)."""
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                argv = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if needle.encode() in argv and _alive(int(proc.name)):
+                found.append(int(proc.name))
+        return found
+
+    @staticmethod
+    def _pod_processes() -> list[int]:
+        pids = set()
+        for procs in Path("/sys/fs/cgroup/pids/kubepods").rglob("cgroup.procs"):
+            try:
+                pids.update(int(p) for p in procs.read_text().split())
+            except OSError:
+                continue
+        return sorted(pids)
 
     def _shims(self) -> list[int]:
         """containerd-shim processes started by this node's containerd."""
@@ -432,27 +527,34 @@ state = "{RUN / 'state'}"
     @staticmethod
     def _unmount_under(roots: list[Path]) -> None:
         prefixes = tuple(f"{root}/" for root in roots)
-        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-        mounts = [m.encode().decode("unicode_escape") for m in mounts]
+        # Octal escapes (\040 for a space) stand for bytes; the path may be UTF-8.
+        raw = [line.split()[1] for line in Path("/proc/self/mounts").read_bytes().splitlines()]
+        mounts = [os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), r))
+                  for r in raw]
         for mount in sorted((m for m in mounts if m.startswith(prefixes)), key=len,
                             reverse=True):
             _run("umount", "-l", mount, check=False)
 
     @staticmethod
     def _remove_iptables_chains() -> None:
-        """kube-proxy's chains (its own --cleanup needs a config; the rules are simple)."""
-        for table in ("nat", "filter", "mangle"):
-            rules = _run("iptables", "-t", table, "-S", check=False).stdout.splitlines()
-            for rule in rules:
-                words = shlex.split(rule)
-                if words[:1] == ["-A"] and not words[1].startswith("KUBE-") and \
-                        re.search(r"-j KUBE-", rule):
-                    _run("iptables", "-t", table, "-D", *words[1:], check=False)
-            chains = [r.split()[1] for r in rules if r.startswith("-N KUBE-")]
-            for chain in chains:
-                _run("iptables", "-t", table, "-F", chain, check=False)
-            for chain in chains:
-                _run("iptables", "-t", table, "-X", chain, check=False)
+        """kube-proxy's and the kubelet's KUBE-* chains (both families) and our guards."""
+        ours = ("KUBE-", GUARD_IN, GUARD_OUT)
+        for tool in ("iptables", "ip6tables"):
+            if shutil.which(tool) is None:
+                continue
+            for table in ("nat", "filter", "mangle"):
+                rules = _run(tool, "-t", table, "-S", check=False).stdout.splitlines()
+                for rule in rules:
+                    words = shlex.split(rule)
+                    if words[:1] == ["-A"] and not words[1].startswith(ours) and \
+                            "-j" in words and words[words.index("-j") + 1].startswith(ours):
+                        _run(tool, "-t", table, "-D", *words[1:], check=False)
+                chains = [r.split()[1] for r in rules
+                          if r.startswith("-N ") and r.split()[1].startswith(ours)]
+                for chain in chains:
+                    _run(tool, "-t", table, "-F", chain, check=False)
+                for chain in chains:
+                    _run(tool, "-t", table, "-X", chain, check=False)
 
     @staticmethod
     def _remove_pod_cgroups() -> None:

@@ -26,6 +26,7 @@ from tsoracle.operator.kube import api_client
 from tsoracle.operator.logs import describe_api_error, is_transient, starting_up
 
 DURATION_S = 15
+OWNER_RETRY_S = 60
 RENEW_EVERY_S = 5
 log = logging.getLogger("tsoracle.operator.lease")
 
@@ -42,7 +43,8 @@ class LeaderLease:
         self.namespace, self.name = namespace, name
         self.owner = owner
         self._owner_ref: client.V1OwnerReference | None = None
-        self._owner_looked_up = False
+        self._owner_tried_at = -OWNER_RETRY_S  # monotonic; a failed lookup is retried later
+        self._owner_told = False
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._held_until = 0.0  # monotonic; renewals push it forward
         self._changed = asyncio.Event()
@@ -126,21 +128,26 @@ class LeaderLease:
         return client.CoordinationV1Api(api_client())
 
     def _owner_reference(self) -> client.V1OwnerReference | None:
-        if self.owner and not self._owner_looked_up:
+        """The Deployment to name as owner; a failed lookup (RBAC still loading, the
+        Deployment being replaced) is retried every OWNER_RETRY_S, and never blocks the Lease."""
+        due = time.monotonic() - self._owner_tried_at >= OWNER_RETRY_S
+        if self.owner and self._owner_ref is None and due:
+            self._owner_tried_at = time.monotonic()
             try:
                 dep = client.AppsV1Api(api_client()).read_namespaced_deployment(
                     self.owner, self.namespace)
             except ApiException as exc:
                 if is_transient(exc):
                     raise
-                log.warning("lease %s/%s: cannot read Deployment %s (%s); the Lease will "
-                            "outlive it: delete it by hand after uninstalling", self.namespace,
-                            self.name, self.owner, describe_api_error(exc))
+                if not self._owner_told:
+                    log.warning("lease %s/%s: cannot read Deployment %s (%s); until it can, "
+                                "the Lease does not name it as owner and outlives an uninstall",
+                                self.namespace, self.name, self.owner, describe_api_error(exc))
+                    self._owner_told = True
             else:
                 self._owner_ref = client.V1OwnerReference(
                     api_version="apps/v1", kind="Deployment", name=dep.metadata.name,
                     uid=dep.metadata.uid)
-            self._owner_looked_up = True
         return self._owner_ref
 
     def _try_acquire(self) -> bool:
@@ -152,6 +159,11 @@ class LeaderLease:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            if self.held():
+                # Deleted under us (its owner Deployment was deleted or replaced): that is a
+                # loss, not a free Lease; a stale owner uid is looked up again.
+                self._owner_ref, self._owner_tried_at = None, -OWNER_RETRY_S
+                return False
             body = client.V1Lease(
                 metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace,
                                              owner_references=[owner] if owner else None),
@@ -163,7 +175,13 @@ class LeaderLease:
             except ApiException as exc2:
                 if exc2.status == 409:
                     return False  # someone else created it first
-                raise
+                if exc2.status != 403 or owner is None:
+                    raise
+                # Clusters enforcing owner-reference permissions want delete on the Lease to
+                # name an owner: a Lease without one still elects.
+                body.metadata.owner_references = None
+                self._owner_ref, self._owner_tried_at = None, time.monotonic()
+                api.create_namespaced_lease(self.namespace, body)
             return True
         spec = lease.spec or client.V1LeaseSpec()
         holder = spec.holder_identity or ""

@@ -183,9 +183,9 @@ class ControlPlane:
                 if self.with_postgres:
                     self.pg.start()
                 return self.kubeconfig
+            self._down()  # tears a node down only if this folder owns it
             if self.with_node:
-                self.node.claim()  # before stopping anything: another folder's node stays
-            self._down()
+                self.node.claim()
             return self._up(binaries)
 
     def _up(self, binaries: dict[str, Path]) -> Path:

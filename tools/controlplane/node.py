@@ -432,6 +432,8 @@ state = "{RUN / 'state'}"
             time.sleep(0.2)
         for cid in ids:
             self._ctr("tasks", "delete", "-f", cid)
+            for result in Path("/var/lib/cni/results").glob(f"*-{cid}-*"):
+                result.unlink(missing_ok=True)  # libcni's cache of this sandbox's attachments
         return sorted(set(netns))
 
     def teardown(self, pids: dict[str, int] | None = None) -> None:
@@ -463,7 +465,10 @@ state = "{RUN / 'state'}"
         _run("ip", "link", "del", BRIDGE, check=False)
         self._remove_pod_cgroups()
         for result in Path("/var/lib/cni/results").glob("tsoracle-*"):
-            result.unlink(missing_ok=True)  # libcni's cache of this network's attachments
+            result.unlink(missing_ok=True)
+        for link in Path("/var/log/containers").glob("*.log"):  # the kubelet's fixed folder
+            if link.is_symlink() and os.readlink(link).startswith(str(self.dir)):
+                link.unlink()
         saved = RUN / "sysctl.json"
         if saved.exists():
             for key, value in json.loads(saved.read_text()).items():

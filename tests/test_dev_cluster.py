@@ -123,6 +123,9 @@ def test_node_versions_and_down_leaves_no_process_or_interface(tmp_path):
         mounts = Path("/proc/self/mounts").read_text()
         assert state not in mounts and "/run/tsoracle-node" not in mounts
         assert not list(Path("/run/tsoracle-node").glob("containerd.sock*"))
+        logs = [link for link in Path("/var/log/containers").glob("*.log")
+                if os.readlink(link).startswith(state)]
+        assert logs == []
 
         kubeconfig = cluster("up", state).splitlines()[-1].removeprefix("export KUBECONFIG=")
         # The same pod runs again: a new container (the old status would read Ready at once).

@@ -1,6 +1,10 @@
 """Build the dev cluster's image archives (pause, operator), cached; optionally import them.
 
-    python tools/images/build.py [--import] [--containerd-address SOCKET] [-o text|json]
+    python tools/images/build.py [--spark] [--import] [--containerd-address SOCKET]
+                                 [-o text|json]
+
+--spark also builds the Spark image (tsoracle-spark: a JRE and pyspark, for Spark on
+Kubernetes); it is left out by default so that `make images` stays fast.
 
 Without --containerd-address, --import uses the dev cluster's containerd (its cluster.json).
 See images.py for the Python API and images.toml for the recipes.

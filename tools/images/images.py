@@ -2,13 +2,15 @@
 
     build_pause() -> Path      # tsoracle.dev/pause:3.10, a static /pause from kubernetes' source
     build_operator() -> Path   # tsoracle:<appVersion>, Debian + a venv with tsoracle[operator]
+    build_spark() -> Path      # tsoracle-spark:<appVersion>, + a JRE, tsoracle[spark], entrypoint
     import_archive(path, address)   # `ctr -n k8s.io images import` into a containerd
 
-The app images are data (images.toml, which the Dockerfile mirrors): a Debian base layer made
-with `debootstrap --variant=minbase` plus packages, and an app layer holding the venv and the
-user entries. Each layer and archive is cached under ${TSORACLE_CACHE:-~/.cache/tsoracle}/images
-by a digest of its recipe, so a change to tsoracle/ rebuilds only the app layer and an unchanged
-checkout builds nothing. Building needs root (debootstrap, chroot).
+The app images are data (images.toml; the Dockerfile mirrors its operator): a Debian base layer
+made with `debootstrap --variant=minbase` plus packages, and an app layer holding the venv, the
+user entries and any files the recipe adds (the Spark image's entrypoint). Each layer and
+archive is cached under ${TSORACLE_CACHE:-~/.cache/tsoracle}/images by a digest of its recipe,
+so a change to tsoracle/ rebuilds only the app layer and an unchanged checkout builds nothing.
+Building needs root (debootstrap, chroot).
 """
 
 from __future__ import annotations
@@ -118,6 +120,10 @@ class ImageSpec:
     gid: int
     entrypoint: tuple[str, ...]
     cmd: tuple[str, ...]
+    # (path in the image, path in this checkout) of files the app layer adds, mode 0755.
+    files: tuple[tuple[str, str], ...] = ()
+    # The image's environment besides PATH.
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def reference(self) -> str:
@@ -145,13 +151,18 @@ def load_recipes(path: Path = RECIPES) -> dict[str, ImageSpec]:
             name=name, repository=table["repository"], suite=table["suite"],
             packages=tuple(table["packages"]), extras=tuple(table["extras"]),
             venv=table["venv"], user=table["user"], uid=int(table["uid"]), gid=int(table["gid"]),
-            entrypoint=tuple(table["entrypoint"]), cmd=tuple(table["cmd"]))
+            entrypoint=tuple(table["entrypoint"]), cmd=tuple(table["cmd"]),
+            files=tuple(sorted(table.get("files", {}).items())),
+            env=tuple(table.get("env", {}).items()))
     return specs
 
 
 OPERATOR = load_recipes()["operator"]
 OPERATOR_IMAGE = OPERATOR.reference                # what the chart says: tsoracle:<appVersion>
 OPERATOR_IMAGE_NORMALISED = OPERATOR.image_name    # what containerd lists: docker.io/library/…
+SPARK = load_recipes()["spark"]
+SPARK_IMAGE = SPARK.reference                      # tsoracle-spark:<appVersion>
+SPARK_IMAGE_NORMALISED = SPARK.image_name
 
 
 # --- cache --------------------------------------------------------------------------------
@@ -457,8 +468,11 @@ def build_app_layer(spec: ImageSpec, base: Layer) -> Layer:
     files = _source_files()
     sources = [(str(p.relative_to(ROOT)), hashlib.sha256(p.read_bytes()).hexdigest())
                for p in files]
+    # The added files count only when there are some (the operator's key predates them).
+    added = [(dest, hashlib.sha256((ROOT / src).read_bytes()).hexdigest())
+             for dest, src in spec.files]
     key = _key(APP_FORMAT, base.digest, spec.extras, spec.venv, spec.user, spec.uid, spec.gid,
-               sources)
+               sources, *([added] if added else []))
     layers = cache_dir() / "layers"
     out = layers / f"{spec.name}-app-{key}.tar.gz"
     if layer := _cached_layer(out):
@@ -591,13 +605,27 @@ def _build_app(spec: ImageSpec, base: Layer, files: list[Path], work: Path, out:
         passwd.write(f"{spec.user}:x:{spec.uid}:{spec.gid}::/nonexistent:/usr/sbin/nologin\n")
     with open(rootfs / "etc" / "group", "a") as group:
         group.write(f"{spec.user}:x:{spec.gid}:\n")
+    for dest, src in spec.files:
+        target = rootfs / dest.strip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / src, target)
+        os.chmod(target, 0o755)
     venv = spec.venv.strip("/")
-    parents = [str(Path(venv).parents[i]) for i in range(len(Path(venv).parts) - 2, -1, -1)]
     members = [("etc", False), ("etc/group", False), ("etc/passwd", False),
-               *[(p, False) for p in parents], (venv, True)]
-    return write_layer(rootfs, members, out,
-                       f"python3 -m venv {spec.venv} && pip install {spec.requirement}; "
-                       f"user {spec.user} {spec.uid}:{spec.gid}")
+               *[(p, False) for p in _parents(venv)], (venv, True)]
+    for dest, _ in spec.files:
+        members += [(p, False) for p in _parents(dest.strip("/"))] + [(dest.strip("/"), False)]
+    created_by = (f"python3 -m venv {spec.venv} && pip install {spec.requirement}; "
+                  f"user {spec.user} {spec.uid}:{spec.gid}")
+    if spec.files:
+        created_by += "; " + ", ".join(f"{dest} from {src}" for dest, src in spec.files)
+    return write_layer(rootfs, list(dict.fromkeys(members)), out, created_by)
+
+
+def _parents(rel: str) -> list[str]:
+    """The parent directories of a relative path, outermost first: `a/b/c` gives a, a/b."""
+    path = Path(rel)
+    return [str(path.parents[i]) for i in range(len(path.parts) - 2, -1, -1)]
 
 
 # --- OCI archives -------------------------------------------------------------------------
@@ -685,7 +713,8 @@ def build_image(spec: ImageSpec) -> Path:
     base = build_base(spec)
     app = build_app_layer(spec, base)
     image_config = {
-        "User": f"{spec.uid}:{spec.gid}", "Env": [f"PATH={spec.path_env}"],
+        "User": f"{spec.uid}:{spec.gid}",
+        "Env": [f"PATH={spec.path_env}", *(f"{name}={value}" for name, value in spec.env)],
         "Entrypoint": list(spec.entrypoint), "Cmd": list(spec.cmd), "WorkingDir": "/",
         "Labels": {"org.opencontainers.image.title": spec.repository,
                    "org.opencontainers.image.version": app_version()},
@@ -698,6 +727,12 @@ def build_image(spec: ImageSpec) -> Path:
 def build_operator() -> Path:
     """The operator image the chart runs by default (OPERATOR_IMAGE)."""
     return build_image(OPERATOR)
+
+
+def build_spark() -> Path:
+    """The image Spark on Kubernetes runs drivers and executors from (SPARK_IMAGE): the
+    operator's recipe with a JRE, tsoracle[spark] and tools/images/spark-entrypoint.sh."""
+    return build_image(SPARK)
 
 
 def k8s_version() -> str:
@@ -795,9 +830,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="tools/images/build.py", description="Build the pause and operator image archives "
-        "(cached); optionally import them into a containerd.")
+        "(cached), and with --spark the Spark image; optionally import them into a containerd.")
+    parser.add_argument("--spark", action="store_true",
+                        help=f"also build {SPARK_IMAGE}, the image of Spark's driver and executor "
+                        "pods (a JRE and pyspark: a 560 MiB archive, two minutes cold)")
     parser.add_argument("--import", dest="do_import", action="store_true",
-                        help="import both into containerd (namespace k8s.io)")
+                        help="import them into containerd (namespace k8s.io)")
     parser.add_argument("--containerd-address", metavar="SOCKET",
                         help="default: containerd_address of the dev cluster's cluster.json")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
@@ -808,6 +846,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     images = [("pause", PAUSE_IMAGE, build_pause()),
               ("operator", OPERATOR_IMAGE, build_operator())]
+    if args.spark:
+        images.append(("spark", SPARK_IMAGE, build_spark()))
     report = []
     for kind, reference, path in images:
         info = {"image": kind, "reference": reference, **archive_info(path)}

@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -348,17 +349,20 @@ def test_a_warm_build_takes_seconds_and_reports_the_archives(archives):
     assert Path(report["pause"]["archive"]) == archives["pause"]
     assert report["operator"]["name"] == images.OPERATOR_IMAGE_NORMALISED
     assert report["operator"]["archive_bytes"] == archives["operator"].stat().st_size
+    assert "spark" not in report, "the Spark image is built only with --spark"
     assert elapsed < 20, f"a warm build took {elapsed:.1f} s"
 
 
-def ctr_run(containerd, image: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    """Run `argv` in `image` as the image says (its user), on a read-only root filesystem."""
+def ctr_run(containerd, image: str, *argv: str, options: tuple[str, ...] = (),
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `argv` in `image` as the image says (its user), on a read-only root filesystem.
+    Like `ctr run` (and unlike Kubernetes), `argv` replaces the image's entrypoint too."""
     home = containerd["home"]
     return subprocess.run(
         ["ctr", "--address", containerd["address"], "-n", "k8s.io", "run", "--rm", "--read-only",
-         "--fifo-dir", str(home / "fifo"), "--runc-root", str(home / "runc"), image,
+         "--fifo-dir", str(home / "fifo"), "--runc-root", str(home / "runc"), *options, image,
          f"test-{uuid.uuid4().hex[:10]}", *argv],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_operator_image_runs_as_the_chart_runs_it(containerd, imported):
@@ -394,3 +398,239 @@ def _k8s_version() -> str:
     from cluster import K8S_VERSION
 
     return K8S_VERSION
+
+
+# --- the Spark image -------------------------------------------------------------------------
+
+ENTRYPOINT = ROOT / "tools" / "images" / "spark-entrypoint.sh"
+# Spark's Kubernetes scheduler sets these on executor pods (spark-kubernetes' Constants and
+# BasicExecutorFeatureStep); the values are what an executor of a real application gets.
+EXECUTOR_ENV = {
+    "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@127.0.0.1:9", "SPARK_EXECUTOR_ID": "3",
+    "SPARK_EXECUTOR_CORES": "2", "SPARK_APPLICATION_ID": "spark-0123abcd",
+    "SPARK_EXECUTOR_POD_IP": "127.0.0.1", "SPARK_RESOURCE_PROFILE_ID": "0",
+    "SPARK_EXECUTOR_POD_NAME": "app-exec-3", "SPARK_EXECUTOR_MEMORY": "512m",
+}
+# The executor pod's command line for EXECUTOR_ENV: KubernetesExecutorBackend's arguments.
+BACKEND_ARGS = [
+    "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend",
+    "--driver-url", "spark://CoarseGrainedScheduler@127.0.0.1:9", "--executor-id", "3",
+    "--cores", "2", "--app-id", "spark-0123abcd", "--hostname", "127.0.0.1",
+    "--resourceProfileId", "0", "--podName", "app-exec-3",
+]
+# What a pod with readOnlyRootFilesystem and an emptyDir at /tmp has: Spark, Java and Python
+# write there (HOME=/tmp in the image).
+TMPFS = ("--mount", "type=tmpfs,src=tmpfs,dst=/tmp,options=nosuid:nodev:mode=1777")
+
+
+def _fake_spark(tmp_path: Path) -> dict[str, str]:
+    """An environment for the entrypoint on this host: a SPARK_HOME with a spark-submit and a
+    JAVA_HOME with a java that print their arguments one per line."""
+    for tool in ("spark/bin/spark-submit", "java/bin/java"):
+        path = tmp_path / tool
+        path.parent.mkdir(parents=True)
+        path.write_text(f'#!/bin/sh\necho {path.name}\nfor a; do echo "$a"; done\n'
+                        'echo "HOME=$HOME SPARK_SUBMIT_OPTS=$SPARK_SUBMIT_OPTS"\n')
+        path.chmod(0o755)
+    (tmp_path / "home").mkdir()
+    return {"PATH": os.environ["PATH"], "SPARK_HOME": str(tmp_path / "spark"),
+            "JAVA_HOME": str(tmp_path / "java"), "HOME": str(tmp_path / "home"),
+            "PYSPARK_PYTHON": sys.executable}
+
+
+def _entrypoint(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(ENTRYPOINT), *args], env=env, capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_the_spark_reference_is_tsoracle_spark_at_the_app_version():
+    assert images.SPARK_IMAGE == f"tsoracle-spark:{images.app_version()}"
+    assert images.SPARK_IMAGE_NORMALISED == \
+        f"docker.io/library/tsoracle-spark:{images.app_version()}"
+    assert images.SPARK.entrypoint == ("/opt/tsoracle-spark/entrypoint.sh",)
+    assert dict(images.SPARK.files) == {
+        "/opt/tsoracle-spark/entrypoint.sh": "tools/images/spark-entrypoint.sh"}
+    assert {"python3", "python3-venv", "openjdk-17-jre-headless"} <= set(images.SPARK.packages)
+    assert images.SPARK.extras == ("spark",)
+
+
+def test_the_entrypoint_starts_an_executor_as_spark_kubernetes_does(tmp_path):
+    env = {**_fake_spark(tmp_path), **EXECUTOR_ENV, "SPARK_CONF_DIR": "/opt/spark/conf",
+           "SPARK_JAVA_OPT_10": "-Dten=1", "SPARK_JAVA_OPT_2": "-Dtwo=a b",
+           "SPARK_JAVA_OPT_0": "-Dzero"}
+    proc = _entrypoint(env, "executor")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines == [
+        "java", f"-Duser.home={tmp_path / 'home'}", "-Dzero", "-Dtwo=a b", "-Dten=1",
+        "-Xms512m", "-Xmx512m", "-cp", f"/opt/spark/conf:{tmp_path / 'spark'}/jars/*",
+        *BACKEND_ARGS, f"HOME={tmp_path / 'home'} SPARK_SUBMIT_OPTS="]
+
+
+def test_the_entrypoint_starts_a_driver_in_client_mode(tmp_path):
+    env = {**_fake_spark(tmp_path), "SPARK_DRIVER_BIND_ADDRESS": "10.244.0.7",
+           "HOME": "/nonexistent"}
+    args = ["--properties-file", "/opt/spark/conf/spark.properties", "--class",
+            "org.apache.spark.deploy.PythonRunner", "local:///app/job.py", "x y"]
+    proc = _entrypoint(env, "driver", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "spark-submit", "--conf", "spark.driver.bindAddress=10.244.0.7", "--deploy-mode",
+        "client", *args, "HOME=/tmp SPARK_SUBMIT_OPTS=-Duser.home=/tmp"]
+
+
+@pytest.mark.parametrize("role, missing", [
+    ("executor", sorted(EXECUTOR_ENV)), ("driver", ["SPARK_DRIVER_BIND_ADDRESS"])])
+def test_the_entrypoint_names_what_a_role_misses(tmp_path, role, missing):
+    proc = _entrypoint(_fake_spark(tmp_path), role)
+    assert proc.returncode == 64 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"spark-entrypoint: {role}: missing environment variable(s) ")
+    assert sorted(line.split("(s) ")[1].split(".")[0].split()) == missing
+
+
+def test_the_entrypoint_runs_anything_else_as_given(tmp_path):
+    env = _fake_spark(tmp_path)
+    proc = _entrypoint(env, "sh", "-c", 'echo "$1|$PYSPARK_PYTHON"', "-", "a b")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"a b|{sys.executable}\n"
+    none = _entrypoint(env)
+    assert none.returncode == 64 and "no command" in none.stderr
+
+
+@pytest.fixture(scope="module")
+def spark_archive(archives) -> Path:
+    """The Spark image's archive, from the user's cache (cold: a few minutes, once)."""
+    return images.build_spark()
+
+
+@pytest.fixture(scope="module")
+def spark_imported(spark_archive, containerd) -> list[str]:
+    images.import_archive(spark_archive, containerd["address"])
+    return images.image_names(containerd["address"])
+
+
+def test_the_spark_archive_imports_under_its_name(spark_imported):
+    assert images.SPARK_IMAGE_NORMALISED in spark_imported
+
+
+def test_a_warm_spark_build_takes_seconds(spark_archive):
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(BUILD), "--spark", "-o", "json"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    elapsed = time.monotonic() - started
+    report = {r["image"]: r for r in json.loads(proc.stdout)}
+    assert sorted(report) == ["operator", "pause", "spark"]
+    assert Path(report["spark"]["archive"]) == spark_archive
+    assert report["spark"]["reference"] == images.SPARK_IMAGE
+    assert report["spark"]["name"] == images.SPARK_IMAGE_NORMALISED
+    assert elapsed < 20, f"a warm build took {elapsed:.1f} s"
+
+
+def test_the_spark_archive_config_and_layers(spark_archive):
+    with tarfile.open(spark_archive) as tar:
+        blob = {m.name.removeprefix("blobs/sha256/"): tar.extractfile(m).read()
+                for m in tar.getmembers() if m.isfile() and m.name.startswith("blobs/")}
+        index = json.load(tar.extractfile("index.json"))
+    (entry,) = index["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == images.SPARK_IMAGE_NORMALISED
+    manifest = json.loads(blob[entry["digest"][7:]])
+    config = json.loads(blob[manifest["config"]["digest"][7:]])["config"]
+    assert config["User"] == "65532:65532"
+    assert config["Entrypoint"] == ["/opt/tsoracle-spark/entrypoint.sh"]
+    assert config["Env"] == [
+        f"PATH={images.SPARK.path_env}",
+        "SPARK_HOME=/opt/tsoracle/lib/python3.11/site-packages/pyspark",
+        "PYSPARK_PYTHON=/opt/tsoracle/bin/python", "HOME=/tmp"]
+    base, app = (_members(blob[layer["digest"][7:]]) for layer in manifest["layers"])
+    entrypoint = {m.name: m for m in app}["opt/tsoracle-spark/entrypoint.sh"]
+    assert entrypoint.mode == 0o755 and entrypoint.uid == 0
+    with tarfile.open(fileobj=gzip.GzipFile(fileobj=io.BytesIO(
+            blob[manifest["layers"][1]["digest"][7:]]))) as tar:
+        assert tar.extractfile(entrypoint.name).read() == ENTRYPOINT.read_bytes()
+    names = {m.name for m in base}
+    assert {"usr/bin/tini", "usr/bin/python3.11"} <= names
+    assert [n for n in names if n.startswith("usr/lib/jvm/java-17-openjdk-")
+            and n.endswith("/bin/java")]
+
+
+def spark_run(containerd, *args: str, env: dict[str, str] | None = None,
+              mounts: tuple[str, ...] = (), timeout: float = 180,
+              ) -> subprocess.CompletedProcess[str]:
+    """The Spark image as Kubernetes runs it: its entrypoint with `args`, a tmpfs at /tmp, and
+    an /etc/hosts naming the container's hostname (the kubelet writes one for each pod; `ctr
+    run` leaves the host's hostname, which Spark's and log4j's getLocalHost must resolve)."""
+    hosts = containerd["home"] / "hosts"
+    if not hosts.exists():
+        hosts.write_text(f"127.0.0.1 localhost {socket.gethostname()}\n")
+    options = [*TMPFS, "--mount", f"type=bind,src={hosts},dst=/etc/hosts,options=rbind:ro",
+               *mounts]
+    for name, value in (env or {}).items():
+        options += ["--env", f"{name}={value}"]
+    return ctr_run(containerd, images.SPARK_IMAGE_NORMALISED, *images.SPARK.entrypoint, *args,
+                   options=tuple(options), timeout=timeout)
+
+
+def test_the_spark_image_runs_java_and_python_as_65532(containerd, spark_imported):
+    java = spark_run(containerd, "java", "-version")
+    assert java.returncode == 0, java.stderr
+    assert 'version "17.' in java.stderr
+    python = spark_run(containerd, "python", "-c",
+                       "import os, sys, tsoracle.spark, pyspark; "
+                       "print(os.getuid(), os.getgid(), os.environ['HOME'], sys.executable, "
+                       "pyspark.__version__)")
+    assert python.returncode == 0, python.stderr
+    uid, gid, home, executable, version = python.stdout.split()
+    assert (uid, gid, home, executable) == ("65532", "65532", "/tmp", "/opt/tsoracle/bin/python")
+    assert version.split(".")[0] >= "4"
+    version = spark_run(containerd, "tsoracle", "--version")
+    assert version.returncode == 0 and version.stdout.strip() == \
+        f"tsoracle {images.app_version()}", version.stderr
+
+
+JOB = """\
+import os
+from pyspark.sql import SparkSession
+
+spark = SparkSession.builder.appName("count").getOrCreate()
+# A range counted by the JVM, squares summed by Python workers (PYSPARK_PYTHON).
+print("count", spark.range(1000).filter("id % 7 = 0").count())
+print("squares", spark.sparkContext.parallelize(range(100), 4).map(lambda x: x * x).sum())
+print("user.home", spark.sparkContext._jvm.java.lang.System.getProperty("user.home"))
+print("uid", os.getuid())
+spark.stop()
+"""
+
+
+def test_a_local_spark_job_runs_in_the_driver_role(containerd, spark_imported, tmp_path):
+    """`driver` (spark-submit in client mode) with a local master: a PySpark job as uid 65532
+    on a read-only root filesystem."""
+    (tmp_path / "job").mkdir(mode=0o755)
+    (tmp_path / "job" / "job.py").write_text(JOB)
+    proc = spark_run(
+        containerd, "driver", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+        "/job/job.py", env={"SPARK_DRIVER_BIND_ADDRESS": "127.0.0.1"},
+        mounts=("--mount", f"type=bind,src={tmp_path / 'job'},dst=/job,options=rbind:ro"))
+    log = "\n".join(line for line in proc.stderr.splitlines() if " INFO " not in line)
+    assert proc.returncode == 0, log[-5000:]
+    lines = [line for line in proc.stdout.splitlines() if " " in line]
+    assert lines == ["count 143", "squares 328350", "user.home /tmp", "uid 65532"], \
+        proc.stdout + log[-3000:]
+
+
+def test_an_executor_without_its_environment_says_what_is_missing(containerd, spark_imported):
+    proc = spark_run(containerd, "executor", env={"SPARK_EXECUTOR_ID": "1"})
+    assert proc.returncode == 64
+    assert "Exception" not in proc.stderr and "\tat " not in proc.stderr
+    assert proc.stderr.startswith("spark-entrypoint: executor: missing environment variable(s) "
+                                  "SPARK_DRIVER_URL SPARK_EXECUTOR_CORES"), proc.stderr
+
+
+def test_the_executor_backend_takes_the_entrypoints_arguments(containerd, spark_imported):
+    """The real KubernetesExecutorBackend parses what the entrypoint passes, then fails only
+    because no driver listens at SPARK_DRIVER_URL."""
+    proc = spark_run(containerd, "executor", env=EXECUTOR_ENV)
+    assert proc.returncode != 0
+    assert "Usage:" not in proc.stderr and "Unrecognized options" not in proc.stderr
+    assert "KubernetesExecutorBackend: Started daemon" in proc.stderr, proc.stderr[-3000:]
+    assert "Failed to connect to /127.0.0.1:9" in proc.stderr, proc.stderr[-3000:]

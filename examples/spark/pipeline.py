@@ -100,6 +100,19 @@ def main(argv: list[str]) -> int:
             "implementation": client.implementation(), "append_ms": round(append_ms, 1),
             "read_ms": round(read_ms, 1)})
         time.sleep(args.pause)
+    # The whole table at the end: every row once, and each append's rows under one timestamp,
+    # the one its group commit returned.
+    final_ts, rows_now = table.read_with_ts()
+    stamps = {(r["writer"], r["batch"]): [int(t) for t in r["stamps"]] for r in
+              table.changelog(final_ts).groupBy("writer", "batch")
+              .agg(F.collect_set("_ts").alias("stamps")).collect()}
+    for entry in report["appends"]:  # type: ignore[union-attr]
+        got = stamps.get((args.writer, entry["batch"]))
+        if got != [entry["ts"]]:
+            failures.append(f"batch {entry['batch']}: stamped {got}, committed at {entry['ts']}")
+    report["final"] = {"read_ts": final_ts, "rows": rows_now.count(),
+                       "distinct": rows_now.select("writer", "batch", "seq").distinct().count(),
+                       "stamps": {f"{w}/{b}": ts for (w, b), ts in sorted(stamps.items())}}
     report["reopens"] = client.reopens
     print("TSORACLE_PIPELINE_REPORT " + json.dumps(report), flush=True)
     client.close()

@@ -1,0 +1,186 @@
+"""Spark on Kubernetes on the dev node: driver and executor pods from `spark-submit
+--deploy-mode cluster`, finding the oracle only through the TimestampOracle resource.
+
+The module fixture starts its own one-node cluster (tools/controlplane), imports the operator and
+Spark images, installs the chart with `sparkDrivers` (the drivers' Role, and the Role for Spark's
+executor pods), a Secret and the example resource, in the `etl` namespace.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from support.kube import Kube, is_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
+
+import spark_k8s  # noqa: E402
+from cluster import ControlPlane  # noqa: E402
+from kubetools import tools_dir  # noqa: E402
+from node import missing_prerequisites  # noqa: E402
+
+NS, SA = "etl", "spark"
+DRIVER_SA = f"system:serviceaccount:{NS}:{SA}"
+EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"
+BATCHES, ROWS = 6, 100
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    problems = missing_prerequisites()
+    assert not problems, "; ".join(problems)  # CI installs them: a missing one is a failure
+    state = tmp_path_factory.mktemp("spark-node") / "state"
+    plane = ControlPlane(state, node=True)
+    plane.purge_when_this_process_exits()
+    kubeconfig = plane.up()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "TSORACLE_DEV_CLUSTER_STATE": str(state),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), str(tools_dir()),
+                                    os.environ["PATH"]])}
+    kube = Kube(kubeconfig, tools_dir(), plane=plane)
+    try:
+        subprocess.run([sys.executable, str(ROOT / "tools/images/build.py"), "--spark",
+                        "--import"], env=env, check=True, capture_output=True, timeout=1800)
+        kube.kubectl("create", "namespace", NS)
+        kube.kubectl("-n", NS, "create", "serviceaccount", SA)
+        kube.helm("install", "tsoracle", str(ROOT / "charts/tsoracle"), "-n", "tsoracle-system",
+                  "--create-namespace", "--wait", "--set", "sparkDrivers.enabled=true",
+                  "--set", f"sparkDrivers.namespace={NS}", "--set",
+                  f"sparkDrivers.serviceAccount={SA}", "--set",
+                  "sparkDrivers.secretNames={oracle-db}", "--set", "sparkDrivers.executorPods=true")
+        kube.backend_secret(NS, "oracle-db", plane.info()["postgres_url"])
+        kube.backend_secret(NS, "other-db", "postgresql://x:not-for-spark@10.244.0.1:1/x")
+        kube.kubectl("-n", NS, "apply", "-f", str(EXAMPLE))
+        kube.wait_tso(NS, "orders", is_ready, timeout=120, what="Ready")
+        data = tmp_path_factory.mktemp("spark-data")
+        spark_k8s.prepare_data_dir(data)
+        api = json.loads(kube.kubectl("config", "view", "--minify", "-o", "json").stdout)[
+            "clusters"][0]["cluster"]["server"]
+        yield SimpleNamespace(kube=kube, env=env, data=data, api=api, plane=plane)
+    finally:
+        plane.down(purge=True)
+
+
+def submit(cluster: SimpleNamespace, writer: str, *job_args: str) -> subprocess.Popen[str]:
+    argv = spark_k8s.submit_argv(cluster.api, writer, namespace=NS, resource="orders",
+                                 data=cluster.data, job_args=job_args)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=cluster.env)
+
+
+def finished(cluster: SimpleNamespace, proc: subprocess.Popen[str]) -> dict[str, object]:
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    pod = spark_k8s.driver_pod(out)
+    log = cluster.kube.kubectl("-n", NS, "logs", pod).stdout
+    try:
+        result = spark_k8s.report(log)
+    except ValueError:
+        tail = "\n".join(line for line in log.splitlines()
+                         if " INFO " not in line and " WARN " not in line)[-6000:]
+        raise AssertionError(f"{pod} printed no report:\n{tail}") from None
+    result["pod"] = pod
+    return result
+
+
+def progress(cluster: SimpleNamespace, writer: str) -> int:
+    done = cluster.data / "tables" / "_progress" / f"{writer}.done"
+    return int(done.read_text() or 0) if done.exists() else 0
+
+
+def check(rep: dict[str, object], epochs: set[int]) -> list[int]:
+    """The driver's own checks passed, every batch committed once, nothing served by an
+    implementation the epoch had superseded; returns its commit timestamps."""
+    assert rep["failures"] == [], rep["failures"]
+    appends = rep["appends"]
+    assert [a["batch"] for a in appends] == list(range(BATCHES))
+    for a in appends:  # epoch 1 is distributed, 2 legacy (the example starts distributed)
+        assert (a["epoch"], a["implementation"]) in ((1, "distributed"), (2, "legacy")), a
+    assert {a["epoch"] for a in appends} == epochs, appends
+    return [a["ts"] for a in appends]
+
+
+def scheduled_pods(kube: Kube) -> set[str]:
+    events = json.loads(kube.kubectl("-n", NS, "get", "events", "-o", "json").stdout)["items"]
+    return {e["involvedObject"]["name"] for e in events if e["reason"] == "Scheduled"}
+
+
+def test_two_drivers_append_concurrently_to_one_table(cluster):
+    kube = cluster.kube
+    started = time.monotonic()
+    procs = {w: submit(cluster, w, "--batches", str(BATCHES), "--rows", str(ROWS))
+             for w in ("a", "b")}
+    reports = {w: finished(cluster, p) for w, p in procs.items()}
+    elapsed = time.monotonic() - started
+    stamps = [ts for rep in reports.values() for ts in check(rep, {1})]
+    assert len(set(stamps)) == len(stamps) == 2 * BATCHES  # one timestamp per group commit
+    # The appends overlapped in time (else this proves nothing about concurrency).
+    spans = [(r["appends"][0]["ts"], r["appends"][-1]["ts"]) for r in reports.values()]
+    assert max(lo for lo, _ in spans) < min(hi for _, hi in spans), spans
+    last = max(reports.values(), key=lambda r: r["final"]["read_ts"])
+    # The later final read sees every row of both drivers, each once.
+    assert last["final"]["rows"] == last["final"]["distinct"] == 2 * BATCHES * ROWS
+    scheduled = scheduled_pods(kube)
+    drivers = sorted(p for p in scheduled if p.endswith("-driver"))
+    executors = sorted(p for p in scheduled if "-exec-" in p)
+    assert len(drivers) == 2 and len(executors) >= 4, scheduled
+    print(f"\nspark on k8s: drivers {drivers}, {len(executors)} executor pods, "
+          f"{2 * BATCHES} group commits, {2 * BATCHES * ROWS} rows, {elapsed:.0f} s; "
+          f"append ms {[a['append_ms'] for r in reports.values() for a in r['appends']]}; "
+          f"read ms {[a['read_ms'] for r in reports.values() for a in r['appends']]}")
+
+
+def test_a_flip_while_a_driver_runs(cluster):
+    """One driver: two would fence each other on legacy, which has one leader per timeline."""
+    kube = cluster.kube
+    proc = submit(cluster, "c", "--batches", str(BATCHES), "--rows", str(ROWS), "--pause", "2")
+    deadline = time.monotonic() + 600
+    while progress(cluster, "c") < 2:
+        assert time.monotonic() < deadline, "the driver never appended"
+        assert proc.poll() is None, "the driver ended early"
+        time.sleep(0.5)
+    flip = subprocess.run(["kubectl", "tsoracle", "flip", "orders", "--to", "legacy", "-n", NS],
+                          env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert flip.returncode == 0, flip.stderr
+    rep = finished(cluster, proc)
+    stamps = check(rep, {1, 2})
+    assert len(set(stamps)) == BATCHES and stamps == sorted(stamps)  # none reused, none behind
+    assert kube.tso(NS, "orders")["status"]["epoch"] == 2
+    assert rep["final"]["rows"] == rep["final"]["distinct"] == 3 * BATCHES * ROWS
+    print(f"\nflip during a driver: epochs {[a['epoch'] for a in rep['appends']]}, "
+          f"reopens {rep['reopens']}")
+
+
+def test_the_drivers_service_account_is_refused_other_secrets_and_changes(cluster):
+    kube = cluster.kube
+
+    def can(*args: str) -> str:
+        return kube.kubectl("auth", "can-i", *args, "-n", NS, "--as", DRIVER_SA,
+                            check=False).stdout.strip()
+    assert can("get", "timestamporacles.tsoracle.io/orders") == "yes"
+    assert can("get", "secret/oracle-db") == "yes"
+    assert can("get", "secret/other-db") == "no"
+    assert can("list", "secrets") == "no"
+    assert can("patch", "timestamporacles.tsoracle.io/orders") == "no"
+    # A real request with the drivers' own token, as a driver pod would send it.
+    token = kube.kubectl("-n", NS, "create", "token", SA).stdout.strip()
+    denied = kube.kubectl("-n", NS, "get", "secret", "other-db", "--token", token, check=False)
+    assert denied.returncode != 0 and "Forbidden" in denied.stderr, denied.stderr
+    assert "not-for-spark" not in denied.stdout + denied.stderr
+    patched = kube.kubectl("-n", NS, "patch", "tso", "orders", "--type", "merge", "-p",
+                           '{"spec":{"implementation":"distributed"}}', "--token", token,
+                           check=False)
+    assert patched.returncode != 0 and "Forbidden" in patched.stderr, patched.stderr
+    print(f"\ndenied: {denied.stderr.strip()}\ndenied: {patched.stderr.strip()}")
+    secret = json.loads(kube.kubectl("-n", NS, "get", "secret", "oracle-db", "--token", token,
+                                     "-o", "json").stdout)
+    assert base64.b64decode(secret["data"]["url"]).startswith(b"postgresql://")

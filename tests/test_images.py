@@ -449,9 +449,11 @@ def test_the_spark_reference_is_tsoracle_spark_at_the_app_version():
         f"docker.io/library/tsoracle-spark:{images.app_version()}"
     assert images.SPARK.entrypoint == ("/opt/tsoracle-spark/entrypoint.sh",)
     assert dict(images.SPARK.files) == {
-        "/opt/tsoracle-spark/entrypoint.sh": "tools/images/spark-entrypoint.sh"}
+        "/opt/tsoracle-spark/entrypoint.sh": "tools/images/spark-entrypoint.sh",
+        "/opt/tsoracle-spark/examples/pipeline.py": "examples/spark/pipeline.py"}
     assert {"python3", "python3-venv", "openjdk-17-jre-headless"} <= set(images.SPARK.packages)
-    assert images.SPARK.extras == ("spark",)
+    # operator: the Kubernetes client, for OracleClient.from_resource in a driver pod.
+    assert images.SPARK.extras == ("spark", "operator")
 
 
 def test_the_entrypoint_starts_an_executor_as_spark_kubernetes_does(tmp_path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,15 +23,14 @@ import psycopg
 import pytest
 from psycopg import sql
 from support.kube import Kube, is_ready
+from support.node import own_node
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
 sys.path.insert(0, str(ROOT / "tools" / "images"))
 
 import images  # noqa: E402
-from cluster import ControlPlane  # noqa: E402
-from kubetools import tools_dir  # noqa: E402
-from node import NODE_NAME, missing_prerequisites  # noqa: E402
+from node import NODE_NAME  # noqa: E402
 
 RELEASE, SYSTEM = "tsoracle", "tsoracle-system"
 NS = "orders-app"
@@ -48,24 +46,14 @@ def _timed(step: str, started: float) -> None:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory):
-    problems = missing_prerequisites()
-    assert not problems, "; ".join(problems)  # CI installs them: a missing one is a failure
-    state = tmp_path_factory.mktemp("node") / "state"
-    plane = ControlPlane(state, node=True)
-    plane.purge_when_this_process_exits()
     started = time.monotonic()
-    kubeconfig = plane.up()
-    _timed("make dev-cluster (binaries cached)", started)
-    bindir = Path(sys.executable).parent
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "TSORACLE_DEV_CLUSTER_STATE": str(state),
-           "PATH": os.pathsep.join([str(bindir), str(tools_dir()), os.environ["PATH"]])}
-    try:
-        yield SimpleNamespace(kube=Kube(kubeconfig, tools_dir(), plane=plane), env=env,
-                              plane=plane, pg_url=plane.info()["postgres_url"], state=state)
-    finally:
-        print("\nnode test timings (s):", json.dumps(TIMES))
-        print("node test saw:", json.dumps(SEEN, default=str))
-        plane.down(purge=True)
+    with own_node(tmp_path_factory, "node") as cluster:
+        _timed("make dev-cluster (binaries cached)", started)
+        try:
+            yield cluster
+        finally:
+            print("\nnode test timings (s):", json.dumps(TIMES))
+            print("node test saw:", json.dumps(SEEN, default=str))
 
 
 def run(node: SimpleNamespace, *argv: str, timeout: float = 600) -> str:

@@ -10,24 +10,23 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psycopg
 import pytest
+from psycopg import sql
 from support.kube import Kube, is_ready
+from support.node import own_node
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
 
 import spark_k8s  # noqa: E402
-from cluster import ControlPlane  # noqa: E402
-from kubetools import tools_dir  # noqa: E402
-from node import missing_prerequisites  # noqa: E402
 
 NS, SA = "etl", "spark"
 DRIVER_SA = f"system:serviceaccount:{NS}:{SA}"
@@ -37,44 +36,49 @@ BATCHES, ROWS = 6, 100
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    problems = missing_prerequisites()
-    assert not problems, "; ".join(problems)  # CI installs them: a missing one is a failure
-    state = tmp_path_factory.mktemp("spark-node") / "state"
-    plane = ControlPlane(state, node=True)
-    plane.purge_when_this_process_exits()
-    kubeconfig = plane.up()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "TSORACLE_DEV_CLUSTER_STATE": str(state),
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), str(tools_dir()),
-                                    os.environ["PATH"]])}
-    kube = Kube(kubeconfig, tools_dir(), plane=plane)
-    try:
-        subprocess.run([sys.executable, str(ROOT / "tools/images/build.py"), "--spark",
-                        "--import"], env=env, check=True, capture_output=True, timeout=1800)
-        kube.kubectl("create", "namespace", NS)
-        kube.kubectl("-n", NS, "create", "serviceaccount", SA)
-        kube.helm("install", "tsoracle", str(ROOT / "charts/tsoracle"), "-n", "tsoracle-system",
-                  "--create-namespace", "--wait", "--set", "sparkDrivers.enabled=true",
-                  "--set", f"sparkDrivers.namespace={NS}", "--set",
-                  f"sparkDrivers.serviceAccount={SA}", "--set",
-                  "sparkDrivers.secretNames={oracle-db}", "--set", "sparkDrivers.executorPods=true")
-        kube.backend_secret(NS, "oracle-db", plane.info()["postgres_url"])
-        kube.backend_secret(NS, "other-db", "postgresql://x:not-for-spark@10.244.0.1:1/x")
-        kube.kubectl("-n", NS, "apply", "-f", str(EXAMPLE))
-        kube.wait_tso(NS, "orders", is_ready, timeout=120, what="Ready")
-        data = tmp_path_factory.mktemp("spark-data")
-        spark_k8s.prepare_data_dir(data)
-        api = json.loads(kube.kubectl("config", "view", "--minify", "-o", "json").stdout)[
-            "clusters"][0]["cluster"]["server"]
-        yield SimpleNamespace(kube=kube, env=env, data=data, api=api, plane=plane)
-    finally:
-        plane.down(purge=True)
+    with own_node(tmp_path_factory, "spark-node") as node:
+        yield prepared(node, tmp_path_factory)
+
+
+def prepared(node: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """The chart with sparkDrivers, the Spark image, a Secret and the example resource."""
+    kube, env, plane = node.kube, node.env, node.plane
+    subprocess.run([sys.executable, str(ROOT / "tools/images/build.py"), "--spark",
+                    "--import"], env=env, check=True, capture_output=True, timeout=1800)
+    kube.kubectl("create", "namespace", NS)
+    kube.kubectl("-n", NS, "create", "serviceaccount", SA)
+    kube.helm("install", "tsoracle", str(ROOT / "charts/tsoracle"), "-n", "tsoracle-system",
+              "--create-namespace", "--wait", "--set", "sparkDrivers.enabled=true",
+              "--set", f"sparkDrivers.namespace={NS}", "--set",
+              f"sparkDrivers.serviceAccount={SA}", "--set",
+              "sparkDrivers.secretNames={oracle-db}", "--set", "sparkDrivers.executorPods=true")
+    kube.backend_secret(NS, "oracle-db", node.pg_url)
+    kube.backend_secret(NS, "other-db", "postgresql://x:not-for-spark@10.244.0.1:1/x")
+    kube.kubectl("-n", NS, "apply", "-f", str(EXAMPLE))
+    kube.wait_tso(NS, "orders", is_ready, timeout=120, what="Ready")
+    data = tmp_path_factory.mktemp("spark-data")
+    spark_k8s.prepare_data_dir(data)
+    api = json.loads(kube.kubectl("config", "view", "--minify", "-o", "json").stdout)[
+        "clusters"][0]["cluster"]["server"]
+    return SimpleNamespace(kube=kube, env=env, data=data, api=api, plane=plane, submitted=[])
+
+
+@pytest.fixture(autouse=True)
+def no_submission_outlives_its_test(cluster):
+    yield
+    for proc in cluster.submitted:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def submit(cluster: SimpleNamespace, writer: str, *job_args: str) -> subprocess.Popen[str]:
     argv = spark_k8s.submit_argv(cluster.api, writer, namespace=NS, resource="orders",
                                  data=cluster.data, job_args=job_args)
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=cluster.env)
+    cluster.submitted.append(proc)
+    return proc
 
 
 def finished(cluster: SimpleNamespace, proc: subprocess.Popen[str]) -> dict[str, object]:
@@ -160,6 +164,39 @@ def test_a_flip_while_a_driver_runs(cluster):
           f"reopens {rep['reopens']}")
 
 
+def test_two_drivers_run_across_a_flip_back_to_distributed(cluster):
+    """Both spark-submits run while the flip happens: the first driver writes on legacy (alone:
+    legacy has one leader per timeline), the second starts as the flip lands; both finish on
+    distributed with no timestamp reused and nothing served by the superseded legacy."""
+    kube = cluster.kube
+    assert kube.tso(NS, "orders")["status"]["activeImplementation"] == "legacy"
+    first = submit(cluster, "e", "--batches", str(BATCHES), "--rows", str(ROWS), "--pause", "2")
+    deadline = time.monotonic() + 600
+    while progress(cluster, "e") < 1:
+        assert time.monotonic() < deadline, "the first driver never appended"
+        assert first.poll() is None, "the first driver ended early"
+        time.sleep(0.5)
+    second = submit(cluster, "f", "--batches", str(BATCHES), "--rows", str(ROWS))
+    flip = subprocess.run(["kubectl", "tsoracle", "flip", "orders", "--to", "distributed",
+                           "-n", NS], env=cluster.env, capture_output=True, text=True,
+                          timeout=300)
+    assert flip.returncode == 0, flip.stderr
+    assert second.poll() is None, "the second spark-submit must still run during the flip"
+    reports = {"e": finished(cluster, first), "f": finished(cluster, second)}
+    for writer, rep in reports.items():
+        assert rep["failures"] == [], (writer, rep["failures"])
+        for a in rep["appends"]:
+            assert (a["epoch"], a["implementation"]) in ((2, "legacy"), (3, "distributed")), a
+    assert {a["epoch"] for a in reports["e"]["appends"]} == {2, 3}
+    assert {a["epoch"] for a in reports["f"]["appends"]} == {3}
+    stamps = [a["ts"] for r in reports.values() for a in r["appends"]]
+    assert len(set(stamps)) == len(stamps) == 2 * BATCHES
+    last = max(reports.values(), key=lambda r: r["final"]["read_ts"])
+    assert last["final"]["rows"] == last["final"]["distinct"] == 5 * BATCHES * ROWS
+    print(f"\nacross a flip: e epochs {[a['epoch'] for a in reports['e']['appends']]}, "
+          f"f epochs {[a['epoch'] for a in reports['f']['appends']]}")
+
+
 def test_the_drivers_service_account_is_refused_other_secrets_and_changes(cluster):
     kube = cluster.kube
 
@@ -184,3 +221,50 @@ def test_the_drivers_service_account_is_refused_other_secrets_and_changes(cluste
     secret = json.loads(kube.kubectl("-n", NS, "get", "secret", "oracle-db", "--token", token,
                                      "-o", "json").stdout)
     assert base64.b64decode(secret["data"]["url"]).startswith(b"postgresql://")
+
+
+def test_a_driver_killed_mid_commit_leaves_nothing_and_a_rerun_completes(cluster):
+    """The commit's catalog insert waits on a lock the test holds; the driver pod is killed
+    while it waits, and the lock released only once its container is gone."""
+    kube = cluster.kube
+    url = cluster.plane.info()["postgres_url"]
+    holder = psycopg.connect(url)
+    commits = holder.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+        " AND table_name LIKE %s", ("tsoracle_orders", "%commit%")).fetchone()[0]
+    holder.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(
+        sql.Identifier("tsoracle_orders", commits)))
+    proc = submit(cluster, "d", "--batches", "3", "--rows", str(ROWS))
+    try:
+        with psycopg.connect(url, autocommit=True) as admin:
+            deadline = time.monotonic() + 600
+            while not admin.execute("SELECT count(*) FROM pg_stat_activity WHERE"
+                                    " wait_event_type = 'Lock' AND pid <> %s",
+                                    (holder.info.backend_pid,)).fetchone()[0]:
+                assert time.monotonic() < deadline, "the commit never reached the catalog"
+                assert proc.poll() is None, "the driver ended early"
+                time.sleep(0.5)
+        [driver] = [p for p in json.loads(kube.kubectl(
+            "-n", NS, "get", "pods", "-l", "spark-role=driver", "-o", "json").stdout)["items"]
+            if p["status"].get("phase") == "Running"]
+        container = driver["status"]["containerStatuses"][0]["containerID"].split("//")[1]
+        kube.kubectl("-n", NS, "delete", "pod", driver["metadata"]["name"],
+                     "--grace-period=0", "--force")
+        tasks = ["ctr", "--address", cluster.plane.info()["containerd_address"], "-n", "k8s.io",
+                 "tasks", "ls", "-q"]
+        deadline = time.monotonic() + 60
+        while container in subprocess.run(tasks, capture_output=True, text=True).stdout:
+            assert time.monotonic() < deadline, "the driver's container did not stop"
+            time.sleep(0.5)
+    finally:
+        holder.rollback()
+        holder.close()
+    proc.communicate(timeout=300)  # spark-submit ends with its driver, however it ended
+    assert progress(cluster, "d") == 0  # it never finished an append
+
+    rerun = finished(cluster, submit(cluster, "d2", "--batches", "2", "--rows", str(ROWS)))
+    assert rerun["failures"] == []
+    stamps = rerun["final"]["stamps"]
+    assert not [key for key in stamps if key.startswith("d/")], stamps  # nothing partial
+    assert sorted(k for k in stamps if k.startswith("d2/")) == ["d2/0", "d2/1"]
+    assert rerun["final"]["rows"] == rerun["final"]["distinct"]

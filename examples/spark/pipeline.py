@@ -79,6 +79,8 @@ def main(argv: list[str]) -> int:
         started = time.monotonic()
         ts = table.append(rows)
         append_ms = (time.monotonic() - started) * 1000
+        # Which oracle stamped it: the one open now (a flip reopens it on the next call).
+        epoch, implementation = client.epoch(), client.implementation()
         (progress / f"{args.writer}.done").write_text(str(batch + 1))
         others = finished_elsewhere(progress, args.writer)  # finished before the read begins
         started = time.monotonic()
@@ -96,8 +98,8 @@ def main(argv: list[str]) -> int:
                 if counts.get((other, b)) != args.rows:
                     failures.append(f"{other}'s finished batch {b} not seen in full")
         report["appends"].append({  # type: ignore[union-attr]
-            "batch": batch, "ts": ts, "read_ts": read_ts, "epoch": client.epoch(),
-            "implementation": client.implementation(), "append_ms": round(append_ms, 1),
+            "batch": batch, "ts": ts, "read_ts": read_ts, "epoch": epoch,
+            "implementation": implementation, "append_ms": round(append_ms, 1),
             "read_ms": round(read_ms, 1)})
         time.sleep(args.pause)
     # The whole table at the end: every row once, and each append's rows under one timestamp,

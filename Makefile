@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images test lint lincheck soak
+.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images spark-k8s-demo test lint lincheck soak
 
 OPS ?= 100000
 
@@ -9,6 +9,9 @@ dev-cluster:  ## start PostgreSQL and a one-node cluster (root); last line is `e
 
 images:  ## build the operator and pause images (OCI archives) and import them into the dev node
 	@$(PYTHON) tools/images/build.py --import
+
+spark-k8s-demo:  ## two Spark drivers with executor pods on the dev node, a flip between them
+	@$(PYTHON) tools/spark_k8s.py demo
 
 dev-cluster-down:  ## stop it (pods, shims, interfaces too); etcd, PostgreSQL and images stay for the next `make dev-cluster`
 	@$(PYTHON) tools/controlplane/cluster.py down

@@ -96,6 +96,22 @@ def finished(cluster: SimpleNamespace, proc: subprocess.Popen[str]) -> dict[str,
     return result
 
 
+def wait_appended(cluster: SimpleNamespace, writer: str, proc: subprocess.Popen[str],
+                  appends: int) -> None:
+    """Until the running driver has finished `appends` appends."""
+    deadline = time.monotonic() + 600
+    while progress(cluster, writer) < appends:
+        assert time.monotonic() < deadline, f"driver {writer} never appended"
+        assert proc.poll() is None, f"driver {writer} ended early"
+        time.sleep(0.5)
+
+
+def flip(cluster: SimpleNamespace, to: str) -> None:
+    done = subprocess.run(["kubectl", "tsoracle", "flip", "orders", "--to", to, "-n", NS],
+                          env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
 def progress(cluster: SimpleNamespace, writer: str) -> int:
     done = cluster.data / "tables" / "_progress" / f"{writer}.done"
     return int(done.read_text() or 0) if done.exists() else 0
@@ -147,14 +163,8 @@ def test_a_flip_while_a_driver_runs(cluster):
     """One driver: two would fence each other on legacy, which has one leader per timeline."""
     kube = cluster.kube
     proc = submit(cluster, "c", "--batches", str(BATCHES), "--rows", str(ROWS), "--pause", "2")
-    deadline = time.monotonic() + 600
-    while progress(cluster, "c") < 2:
-        assert time.monotonic() < deadline, "the driver never appended"
-        assert proc.poll() is None, "the driver ended early"
-        time.sleep(0.5)
-    flip = subprocess.run(["kubectl", "tsoracle", "flip", "orders", "--to", "legacy", "-n", NS],
-                          env=cluster.env, capture_output=True, text=True, timeout=300)
-    assert flip.returncode == 0, flip.stderr
+    wait_appended(cluster, "c", proc, 2)
+    flip(cluster, "legacy")
     rep = finished(cluster, proc)
     stamps = check(rep, {1, 2})
     assert len(set(stamps)) == BATCHES and stamps == sorted(stamps)  # none reused, none behind
@@ -171,16 +181,9 @@ def test_two_drivers_run_across_a_flip_back_to_distributed(cluster):
     kube = cluster.kube
     assert kube.tso(NS, "orders")["status"]["activeImplementation"] == "legacy"
     first = submit(cluster, "e", "--batches", str(BATCHES), "--rows", str(ROWS), "--pause", "2")
-    deadline = time.monotonic() + 600
-    while progress(cluster, "e") < 1:
-        assert time.monotonic() < deadline, "the first driver never appended"
-        assert first.poll() is None, "the first driver ended early"
-        time.sleep(0.5)
+    wait_appended(cluster, "e", first, 1)
     second = submit(cluster, "f", "--batches", str(BATCHES), "--rows", str(ROWS))
-    flip = subprocess.run(["kubectl", "tsoracle", "flip", "orders", "--to", "distributed",
-                           "-n", NS], env=cluster.env, capture_output=True, text=True,
-                          timeout=300)
-    assert flip.returncode == 0, flip.stderr
+    flip(cluster, "distributed")
     assert second.poll() is None, "the second spark-submit must still run during the flip"
     reports = {"e": finished(cluster, first), "f": finished(cluster, second)}
     for writer, rep in reports.items():

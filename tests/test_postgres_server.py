@@ -255,3 +255,88 @@ async def test_a_flip_waiting_behind_maintenance_does_not_stall_writers(pg):
     finally:
         await maintenance.close()
         await writer.close()
+
+
+_FROZEN_WRITER = """
+import asyncio, os, signal, sys
+from tsoracle.store import open_backend, parse_url, postgres
+from tsoracle.spark import catalog
+
+postgres.IDLE_IN_TRANSACTION_S = 1  # the test's limit; the product's is 10 s
+
+async def main() -> None:
+    backend = open_backend(parse_url(sys.argv[1]))
+    await backend.open()
+
+    async def body(tx) -> None:
+        await tx.fetch("UPDATE {timeline_uppers} SET upper = upper + 1 WHERE timeline = 't'")
+        print("locked", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # gone, as far as the server can tell
+
+    await backend.transaction(body)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_writer_that_vanished_mid_commit_does_not_stall_the_timeline(pg_url):
+    """A Spark driver killed while its commit transaction held the timeline's row lock, with
+    no FIN reaching the server (seen on the dev node: the rerun waited 15 min and more)."""
+    import subprocess
+    import sys
+
+    from tsoracle.spark import catalog
+    from tsoracle.store import open_backend, parse_url
+
+    await tsoracle.init(pg_url, timelines=[COUNTER])
+    backend = open_backend(parse_url(pg_url))
+    await backend.open()
+    writer = None
+    try:
+        await catalog.ensure_catalog(backend)
+        await catalog.register(backend, catalog.TableInfo("t", "t", [], [], "/nowhere"))
+        writer = subprocess.Popen([sys.executable, "-c", _FROZEN_WRITER, pg_url],
+                                  stdout=subprocess.PIPE, text=True)
+        assert writer.stdout is not None
+        assert await asyncio.to_thread(writer.stdout.readline) == "locked\n"
+        # Before the fix the session stayed idle in transaction, its lock held, for as long
+        # as TCP took to give up: this seal (a linearized read's first step) never returned.
+        async with asyncio.timeout(60):
+            await catalog.seal(backend, "t", 10)
+        assert await catalog.upper(backend, "t") == 10  # the frozen writer's +1 rolled back
+    finally:
+        if writer is not None:
+            writer.kill()
+            writer.wait()
+        await backend.close()
+
+
+async def test_a_shorter_idle_transaction_limit_is_kept(pg, database):
+    """The product's 10 s limit applies unless the server, the role or the URL sets less."""
+    import psycopg
+    from psycopg import sql
+
+    from tsoracle.store import open_backend, parse_url
+
+    async def limit(url: str) -> str:
+        backend = open_backend(parse_url(url))
+        await backend.open()
+        try:
+            rows = await backend.fetch("SHOW idle_in_transaction_session_timeout")
+            return str(rows[0][0])
+        finally:
+            await backend.close()
+
+    def database_default(value: str) -> None:
+        with psycopg.connect(database, autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout"
+                                  " = {}").format(sql.Identifier(admin.info.dbname),
+                                                  sql.Literal(value)))
+
+    assert await limit(database) == "10s"
+    assert await limit(database + "?options=-c%20idle_in_transaction_session_timeout%3D2s") \
+        == "2s"  # the URL's
+    database_default("3s")  # a DBA's shorter limit
+    assert await limit(database) == "3s"
+    database_default("1h")
+    assert await limit(database) == "10s"

@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
 
 import spark_k8s  # noqa: E402
 
+from tsoracle.spark.client import OracleClient  # noqa: E402
+
 NS, SA = "etl", "spark"
 DRIVER_SA = f"system:serviceaccount:{NS}:{SA}"
 EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"
@@ -82,7 +84,10 @@ def submit(cluster: SimpleNamespace, writer: str, *job_args: str) -> subprocess.
 
 
 def finished(cluster: SimpleNamespace, proc: subprocess.Popen[str]) -> dict[str, object]:
-    out, _ = proc.communicate(timeout=900)
+    try:
+        out, _ = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the submission never ended; {activity(cluster)}") from None
     assert proc.returncode == 0, out[-4000:]
     pod = spark_k8s.driver_pod(out)
     log = cluster.kube.kubectl("-n", NS, "logs", pod).stdout
@@ -94,6 +99,17 @@ def finished(cluster: SimpleNamespace, proc: subprocess.Popen[str]) -> dict[str,
         raise AssertionError(f"{pod} printed no report:\n{tail}") from None
     result["pod"] = pod
     return result
+
+
+def activity(cluster: SimpleNamespace) -> str:
+    """What the database's sessions and the namespace's pods are doing, for a failure."""
+    with psycopg.connect(cluster.plane.info()["postgres_url"], autocommit=True) as conn:
+        sessions = conn.execute(
+            "SELECT client_addr::text, state, wait_event_type, wait_event,"
+            " now() - xact_start, left(query, 120) FROM pg_stat_activity"
+            " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall()
+    pods = cluster.kube.kubectl("-n", NS, "get", "pods", "-o", "wide").stdout
+    return "sessions:\n" + "\n".join(map(str, sessions)) + "\npods:\n" + pods
 
 
 def wait_appended(cluster: SimpleNamespace, writer: str, proc: subprocess.Popen[str],
@@ -231,6 +247,9 @@ def test_a_driver_killed_mid_commit_leaves_nothing_and_a_rerun_completes(cluster
     while it waits, and the lock released only once its container is gone."""
     kube = cluster.kube
     url = cluster.plane.info()["postgres_url"]
+    # The catalog's tables exist once any client opened the resource (so also run alone).
+    OracleClient.from_resource("orders", NS, data_dir=cluster.data / "tables",
+                               kubeconfig=cluster.env["KUBECONFIG"]).close()
     holder = psycopg.connect(url)
     commits = holder.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"

@@ -31,6 +31,8 @@ COCKROACH_GC_TTL_S = 600
 LOCK_WAIT_MS = 200
 # Seconds of network silence after which a connection counts as lost (see _network_options).
 NETWORK_TIMEOUT_S = 10
+# Seconds a transaction may sit idle before the server ends its session (see _configure).
+IDLE_IN_TRANSACTION_S = NETWORK_TIMEOUT_S
 
 
 def is_cockroach(version: str) -> bool:
@@ -244,16 +246,26 @@ class PostgresBackend(Backend):
         return {k: v for k, v in defaults.items() if k not in given}
 
     async def _configure(self, conn: psycopg.AsyncConnection) -> None:
+        if self.dialect.cockroach:
+            return  # commits through consensus; its session settings are not verified here
+        cur = await conn.execute(
+            "SELECT current_setting('synchronous_commit'), setting::bigint FROM pg_settings"
+            " WHERE name = 'idle_in_transaction_session_timeout'")
+        row = await cur.fetchone()
+        durability, idle_ms = row if row else ("off", 0)
         # A timestamp is handed out only after its row is durable: a server, database or role
         # default of synchronous_commit = off or local (any DBA may set one) would let a crash
         # or a failover roll the row back and hand the same timestamps out again. Stronger
-        # settings (remote_write, remote_apply) stay. CockroachDB commits through consensus.
-        if self.dialect.cockroach:
-            return
-        cur = await conn.execute("SHOW synchronous_commit")
-        row = await cur.fetchone()
-        if row is None or row[0] in ("off", "local"):
+        # settings (remote_write, remote_apply) stay.
+        if durability in ("off", "local"):
             await conn.execute("SET synchronous_commit = on")
+        # Our transactions never wait on their client. One left idle means the client is gone
+        # without a word reaching the server (a pod killed, a node lost): its row locks would
+        # stall every writer and linearized read of the timeline until TCP gave up, hours by
+        # default. A shorter limit from the server, the role or the URL's options is kept.
+        limit_ms = IDLE_IN_TRANSACTION_S * 1000
+        if not 0 < int(idle_ms) <= limit_ms:
+            await conn.execute(f"SET idle_in_transaction_session_timeout = {limit_ms}")
 
     def pinned(self) -> Pinned:
         return _PgPinned(self)

@@ -124,7 +124,8 @@ def _demo(state: Path) -> int:
 
     def submit(writer: str) -> subprocess.Popen[str]:
         argv = submit_argv(api, writer, namespace="etl", resource="orders", data=data,
-                           job_args=("--batches", "6", "--rows", "100", "--pause", "2"))
+                           job_args=("--batches", "6", "--rows", "100", "--pause", "2",
+                                     "--measure", "50"))
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env)
 
@@ -165,6 +166,12 @@ def _demo(state: Path) -> int:
         epochs = [a["epoch"] for a in r["appends"]]
         print(f"  driver {r['pod']}: 6 appends x 100 rows, epochs {epochs}, "
               f"reopens {r['reopens']}")
+        later = sorted(a["append_ms"] for a in r["appends"][1:])  # the first warms Spark up
+        share = r["oracle_ms"]
+        print(f"    oracle per append group {share['append_group']} ms (write_ts "
+              f"{share['write_ts']}, commit {share['commit']}, apply_write "
+              f"{share['apply_write']}) of a median append of {later[len(later) // 2]:.0f} ms; "
+              f"per linearized read {share['linearized_read']} ms")
     print(f"  pods in etl: {len([p for p in pods if p.endswith('-driver')])} drivers, "
           f"{len([p for p in pods if '-exec-' in p])} executors still listed")
     for name, ok in checks:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -25,12 +27,13 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from tsoracle.errors import NotInitialized
 from tsoracle.spark import OracleClient
+from tsoracle.spark.table import TimestampedTable
 
 SCHEMA = StructType([StructField("writer", StringType()), StructField("batch", LongType()),
                      StructField("seq", LongType())])
 
 
-def open_table(client: OracleClient, spark: SparkSession, name: str):  # noqa: ANN201
+def open_table(client: OracleClient, spark: SparkSession, name: str) -> TimestampedTable:
     """The shared table; the first driver creates it, a racing one opens it."""
     for _ in range(20):
         try:
@@ -53,6 +56,30 @@ def finished_elsewhere(progress: Path, writer: str) -> dict[str, int]:
     return done
 
 
+def median_ms(call: Callable[[], object], n: int) -> float:
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 2)
+
+
+def oracle_share(client: OracleClient, table: TimestampedTable, commits_ms: list[float],
+                 n: int) -> dict[str, float]:
+    """Median milliseconds this driver spends on the oracle's database, Spark left out: per
+    append group (write_ts, the catalog commit of its files, apply_write) and per linearized
+    read (read_ts and sealing it, before Spark lists and reads the files)."""
+    stamps: list[int] = []
+    shares = {"write_ts": median_ms(lambda: stamps.append(client.write_ts().timestamp), n)}
+    shares["apply_write"] = median_ms(lambda: client.apply_write(stamps.pop()), n)
+    shares["commit"] = round(statistics.median(commits_ms), 2) if commits_ms else 0.0
+    shares["append_group"] = round(shares["write_ts"] + shares["commit"]
+                                   + shares["apply_write"], 2)
+    shares["linearized_read"] = median_ms(lambda: table.resolve("linearized"), n)
+    return shares
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--resource", required=True, help="the TimestampOracle's name")
@@ -63,6 +90,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--rows", type=int, default=200, help="rows per append")
     parser.add_argument("--pause", type=float, default=0.0, help="seconds between appends")
+    parser.add_argument("--measure", type=int, default=0, metavar="N",
+                        help="also time N of each oracle call and report the medians")
     args = parser.parse_args(argv)
 
     spark = SparkSession.builder.appName(f"tsoracle-pipeline-{args.writer}").getOrCreate()
@@ -71,6 +100,11 @@ def main(argv: list[str]) -> int:
     progress = Path(args.data) / "_progress"
     progress.mkdir(parents=True, exist_ok=True)
     report: dict[str, object] = {"writer": args.writer, "appends": [], "failures": []}
+    commits_ms: list[float] = []  # each catalog commit's time, from the table's hooks
+    commit_began: dict[int, float] = {}
+    table.before_commit = lambda ts: commit_began.__setitem__(ts, time.perf_counter())
+    table.after_commit = lambda ts: commits_ms.append(
+        (time.perf_counter() - commit_began.pop(ts)) * 1000)
     failures: list[str] = report["failures"]  # type: ignore[assignment]
     for batch in range(args.batches):
         rows = spark.range(args.rows, numPartitions=2).select(
@@ -116,6 +150,8 @@ def main(argv: list[str]) -> int:
                        "distinct": rows_now.select("writer", "batch", "seq").distinct().count(),
                        "stamps": {f"{w}/{b}": ts for (w, b), ts in sorted(stamps.items())}}
     report["reopens"] = client.reopens
+    if args.measure > 0:
+        report["oracle_ms"] = oracle_share(client, table, commits_ms, args.measure)
     print("TSORACLE_PIPELINE_REPORT " + json.dumps(report), flush=True)
     client.close()
     spark.stop()

@@ -248,24 +248,25 @@ class PostgresBackend(Backend):
     async def _configure(self, conn: psycopg.AsyncConnection) -> None:
         if self.dialect.cockroach:
             return  # commits through consensus; its session settings are not verified here
-        cur = await conn.execute(
-            "SELECT current_setting('synchronous_commit'), setting::bigint FROM pg_settings"
-            " WHERE name = 'idle_in_transaction_session_timeout'")
-        row = await cur.fetchone()
-        durability, idle_ms = row if row else ("off", 0)
+        # One statement, so a new connection costs one round trip (each one more is another
+        # chance for a lost reply to fail the connection). Both settings are session-wide.
+        #
         # A timestamp is handed out only after its row is durable: a server, database or role
         # default of synchronous_commit = off or local (any DBA may set one) would let a crash
         # or a failover roll the row back and hand the same timestamps out again. Stronger
         # settings (remote_write, remote_apply) stay.
-        if durability in ("off", "local"):
-            await conn.execute("SET synchronous_commit = on")
+        #
         # Our transactions never wait on their client. One left idle means the client is gone
         # without a word reaching the server (a pod killed, a node lost): its row locks would
         # stall every writer and linearized read of the timeline until TCP gave up, hours by
         # default. A shorter limit from the server, the role or the URL's options is kept.
-        limit_ms = IDLE_IN_TRANSACTION_S * 1000
-        if not 0 < int(idle_ms) <= limit_ms:
-            await conn.execute(f"SET idle_in_transaction_session_timeout = {limit_ms}")
+        await conn.execute(
+            "SELECT CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')"
+            " THEN set_config('synchronous_commit', 'on', false) END,"
+            " CASE WHEN NOT setting::bigint BETWEEN 1 AND %(ms)s"
+            " THEN set_config('idle_in_transaction_session_timeout', %(ms)s::text, false) END"
+            " FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'",
+            {"ms": IDLE_IN_TRANSACTION_S * 1000})
 
     def pinned(self) -> Pinned:
         return _PgPinned(self)

@@ -199,6 +199,23 @@ def test_bad_input_leaves_no_partial_commit(setup, spark, tmp_path):
         client.create_table(spark, "bad", spark.createDataFrame([], "_ts INT").schema)
 
 
+def test_a_table_whose_files_are_gone_says_what_to_do(setup, spark, tmp_path):
+    """The catalog outlives a data folder that was emptied or replaced (seen when the Spark
+    demo ran twice on one dev cluster, each run with a new hostPath folder)."""
+    import shutil
+
+    client, table = setup
+    table.append(rows(spark, 1, 2))
+    shutil.rmtree(tmp_path / "tables" / "shared")
+    with pytest.raises(tsoracle.ConfigError, match=r"committed files that are gone .*"
+                       r"client\.drop_table\(spark, 'shared'\)"):
+        table.read().count()
+    client.drop_table(spark, "shared")  # what the message says; the name is free again
+    again = client.create_table(spark, "shared", spark.createDataFrame([], SCHEMA).schema)
+    again.append(rows(spark, 1, 3))
+    assert again.read().count() == 3
+
+
 def test_unreachable_oracle_is_a_clear_error(tmp_path):
     with pytest.raises(tsoracle.OracleUnavailable, match="cannot connect"):
         OracleClient("postgresql://u:pw@127.0.0.1:1/db", data_dir=tmp_path)

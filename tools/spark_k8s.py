@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -69,6 +70,11 @@ def prepare_data_dir(path: Path, uid: int = 65532) -> None:
 
 # --- `make spark-k8s-demo`: two drivers on the dev node, a flip between them ----------------
 
+def _later(rep: dict, key: str) -> int:  # type: ignore[type-arg]
+    """The median of a driver's appends or reads after its first (which warms Spark up)."""
+    return round(statistics.median(a[key] for a in rep["appends"][1:]))
+
+
 def _demo(state: Path) -> int:
     import os
     import sys
@@ -114,7 +120,10 @@ def _demo(state: Path) -> int:
        "tsoracle.io/backend=true")
     sh("kubectl", "-n", "etl", "apply", "-f", "examples/timestamporacle.yaml")
     sh("kubectl", "-n", "etl", "wait", "tso/orders", "--for=condition=Ready", "--timeout=120s")
-    data = state / "spark-demo" / time.strftime("%Y%m%d-%H%M%S")
+    # Each run its own folder and so its own table: the catalog, in the cluster's PostgreSQL,
+    # outlives a run, and a table must keep the folder it was written to.
+    run = time.strftime("%Y%m%d_%H%M%S")
+    data = state / "spark-demo" / run
     prepare_data_dir(data)
     api = f"https://{info['host']}:{info['apiserver_port']}"
     print("[demo] flipping orders to legacy: the first driver writes there alone")
@@ -124,8 +133,8 @@ def _demo(state: Path) -> int:
 
     def submit(writer: str) -> subprocess.Popen[str]:
         argv = submit_argv(api, writer, namespace="etl", resource="orders", data=data,
-                           job_args=("--batches", "6", "--rows", "100", "--pause", "2",
-                                     "--measure", "50"))
+                           job_args=("--table", f"events_{run}", "--batches", "6", "--rows",
+                                     "100", "--pause", "2", "--measure", "50"))
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env)
 
@@ -166,12 +175,12 @@ def _demo(state: Path) -> int:
         epochs = [a["epoch"] for a in r["appends"]]
         print(f"  driver {r['pod']}: 6 appends x 100 rows, epochs {epochs}, "
               f"reopens {r['reopens']}")
-        later = sorted(a["append_ms"] for a in r["appends"][1:])  # the first warms Spark up
         share = r["oracle_ms"]
         print(f"    oracle per append group {share['append_group']} ms (write_ts "
               f"{share['write_ts']}, commit {share['commit']}, apply_write "
-              f"{share['apply_write']}) of a median append of {later[len(later) // 2]:.0f} ms; "
-              f"per linearized read {share['linearized_read']} ms")
+              f"{share['apply_write']}) of a median append of {_later(r, 'append_ms')} ms; "
+              f"per linearized read {share['linearized_read']} ms of a median read of "
+              f"{_later(r, 'read_ms')} ms")
     print(f"  pods in etl: {len([p for p in pods if p.endswith('-driver')])} drivers, "
           f"{len([p for p in pods if '-exec-' in p])} executors still listed")
     for name, ok in checks:

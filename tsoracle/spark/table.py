@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, IntegerType, StringType, StructField, StructType
@@ -365,13 +367,25 @@ class TimestampedTable:
         placed = [p for p in paths if f"/{TS}=" in p]
         stamped = [p for p in paths if f"/{TS}=" not in p]  # files of earlier releases
         parts = []
-        if placed:
-            parted = StructType(full.fields + [StructField(COMMIT, StringType())])
-            parts.append(self.spark.read.schema(parted)
-                         .option("basePath", f"{self.info.location}/data")
-                         .parquet(*placed).drop(COMMIT))
-        if stamped:
-            parts.append(self.spark.read.schema(full).parquet(*stamped))
+        try:
+            if placed:
+                parted = StructType(full.fields + [StructField(COMMIT, StringType())])
+                parts.append(self.spark.read.schema(parted)
+                             .option("basePath", f"{self.info.location}/data")
+                             .parquet(*placed).drop(COMMIT))
+            if stamped:
+                parts.append(self.spark.read.schema(full).parquet(*stamped))
+        except AnalysisException as exc:
+            missing = re.search(r"Path does not exist: (\S+)", str(exc))
+            if missing is None:
+                raise
+            raise ConfigError(
+                f"table {self.name!r} has committed files that are gone ({missing.group(1)}):"
+                f" its folder {self.info.location} was emptied or replaced (a different volume"
+                " mounted there, a new data_dir), or collect_garbage ran with an older_than_s"
+                " shorter than this read. Mount the folder the table was written to, or drop"
+                f" the table (client.drop_table(spark, {self.name!r})) to start it over"
+            ) from None
         if not parts:
             return self.spark.createDataFrame([], full)
         return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])

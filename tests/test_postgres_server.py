@@ -270,7 +270,8 @@ async def main() -> None:
 
     async def body(tx) -> None:
         await tx.fetch("UPDATE {timeline_uppers} SET upper = upper + 1 WHERE timeline = 't'")
-        print("locked", flush=True)
+        [(pid,)] = await tx.fetch("SELECT pg_backend_pid()")
+        print(pid, flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)  # gone, as far as the server can tell
 
     await backend.transaction(body)
@@ -298,16 +299,52 @@ async def test_a_writer_that_vanished_mid_commit_does_not_stall_the_timeline(pg_
         writer = subprocess.Popen([sys.executable, "-c", _FROZEN_WRITER, pg_url],
                                   stdout=subprocess.PIPE, text=True)
         assert writer.stdout is not None
-        assert await asyncio.to_thread(writer.stdout.readline) == "locked\n"
+        session = int(await asyncio.to_thread(writer.stdout.readline))
         # Before the fix the session stayed idle in transaction, its lock held, for as long
         # as TCP took to give up: this seal (a linearized read's first step) never returned.
         async with asyncio.timeout(60):
             await catalog.seal(backend, "t", 10)
-        assert await catalog.upper(backend, "t") == 10  # the frozen writer's +1 rolled back
+        assert await catalog.upper(backend, "t") == 10
+        # The server ended the frozen writer's session and rolled its +1 back.
+        assert not await backend.fetch(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %(p)s", {"p": session})
+        assert await backend.fetch(
+            "SELECT upper FROM {timeline_uppers} WHERE timeline = 't'") == [(10,)]
     finally:
         if writer is not None:
             writer.kill()
             writer.wait()
+            writer.stdout.close()  # type: ignore[union-attr]
+        await backend.close()
+
+
+async def test_a_client_stalled_mid_transaction_is_rolled_back_and_retried(pg_url,
+                                                                          monkeypatch):
+    """The other side of the limit: a live client that sat idle in its transaction for longer
+    (a stalled event loop) gets its transaction run again, once, after the server's rollback."""
+    from tsoracle.spark import catalog
+    from tsoracle.store import open_backend, parse_url, postgres
+
+    monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_S", 1)
+    await tsoracle.init(pg_url, timelines=[COUNTER])
+    backend = open_backend(parse_url(pg_url))
+    await backend.open()
+    attempts = 0
+
+    async def body(tx: tsoracle.store.Tx) -> None:
+        nonlocal attempts
+        attempts += 1
+        await tx.fetch("UPDATE {timeline_uppers} SET upper = upper + 1 WHERE timeline = 't'")
+        if attempts == 1:
+            await asyncio.sleep(3)  # past the limit: the server ends the session meanwhile
+
+    try:
+        await catalog.ensure_catalog(backend)
+        await catalog.register(backend, catalog.TableInfo("t", "t", [], [], "/nowhere"))
+        await backend.transaction(body)
+        assert attempts == 2
+        assert await catalog.upper(backend, "t") == 1  # the first attempt's +1 never landed
+    finally:
         await backend.close()
 
 

@@ -260,12 +260,14 @@ class PostgresBackend(Backend):
         # without a word reaching the server (a pod killed, a node lost): its row locks would
         # stall every writer and linearized read of the timeline until TCP gave up, hours by
         # default. A shorter limit from the server, the role or the URL's options is kept.
+        # current_setting() shows the limit with its unit ("0", "500ms", "1h"), which interval
+        # input reads; pg_settings would need a privilege some sites revoke.
         await conn.execute(
             "SELECT CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')"
             " THEN set_config('synchronous_commit', 'on', false) END,"
-            " CASE WHEN NOT setting::bigint BETWEEN 1 AND %(ms)s"
-            " THEN set_config('idle_in_transaction_session_timeout', %(ms)s::text, false) END"
-            " FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'",
+            " CASE WHEN NOT current_setting('idle_in_transaction_session_timeout')::interval"
+            " BETWEEN interval '1 millisecond' AND %(ms)s * interval '1 millisecond'"
+            " THEN set_config('idle_in_transaction_session_timeout', %(ms)s::text, false) END",
             {"ms": IDLE_IN_TRANSACTION_S * 1000})
 
     def pinned(self) -> Pinned:
@@ -395,6 +397,10 @@ def transient_reason(exc: BaseException) -> str | None:
         return "deadlock"
     if isinstance(exc, pgerr.LockNotAvailable):
         return "lock_timeout"
+    if isinstance(exc, pgerr.IdleInTransactionSessionTimeout):
+        # The server ended a session whose transaction sat idle (a client stalled past
+        # IDLE_IN_TRANSACTION_S) and rolled it back: nothing landed, so run it again.
+        return "connection"
     if isinstance(exc, psycopg.OperationalError):
         state = exc.sqlstate or ""
         if state.startswith("28") or state in ("3D000", "42501"):

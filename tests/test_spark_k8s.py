@@ -87,7 +87,12 @@ def finished(cluster: SimpleNamespace, proc: subprocess.Popen[str]) -> dict[str,
     try:
         out, _ = proc.communicate(timeout=900)
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"the submission never ended; {activity(cluster)}") from None
+        proc.kill()
+        try:
+            seen = activity(cluster)
+        except Exception as exc:  # noqa: BLE001 - the hang is the failure to report
+            seen = f"(what the database and pods were doing is unknown: {exc})"
+        raise AssertionError(f"the submission never ended; {seen}") from None
     assert proc.returncode == 0, out[-4000:]
     pod = spark_k8s.driver_pod(out)
     log = cluster.kube.kubectl("-n", NS, "logs", pod).stdout

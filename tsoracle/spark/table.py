@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -95,6 +94,14 @@ class _Stamper:
 
     async def apply_write(self, ts: int) -> None:
         await self.client.acall(lambda o: o.apply_write(ts), self.timeline)
+
+
+class _FilesGone(Exception):
+    """A committed path is missing on the file system (Spark's PATH_NOT_FOUND)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
 
 
 class TimestampedTable:
@@ -351,15 +358,29 @@ class TimestampedTable:
         return self._changes(self.resolve(as_of))
 
     def _changes(self, ts: int) -> DataFrame:
-        paths = [p for _, p in self.client.run(
-            catalog.commits_as_of(self.client.backend, self.name, ts))]
-        # Checked after listing: a compaction that landed before the listing folded commits at
-        # or below `ts` away, and the listing would silently miss them.
-        since = self.client.run(catalog.since(self.client.backend, self.name))
-        if ts < since:
-            raise ConfigError(f"table {self.name!r} was compacted up to {since}: its history "
-                              f"before that is gone; read at or after {since}")
-        return self._changes_of(paths)
+        listed = None
+        for _ in range(3):
+            paths = [p for _, p in self.client.run(
+                catalog.commits_as_of(self.client.backend, self.name, ts))]
+            # Checked after listing: a compaction that landed before the listing folded
+            # commits at or below `ts` away, and the listing would silently miss them.
+            since = self.client.run(catalog.since(self.client.backend, self.name))
+            if ts < since:
+                raise ConfigError(f"table {self.name!r} was compacted up to {since}: its "
+                                  f"history before that is gone; read at or after {since}")
+            try:
+                return self._changes_of(paths)
+            except _FilesGone as gone:
+                if paths == listed:  # listed twice alike: the files went, not the commits
+                    raise ConfigError(
+                        f"table {self.name!r} has committed files that are gone ({gone.path}):"
+                        f" its folder {self.info.location} was emptied or replaced (a"
+                        " different volume mounted there, a new data_dir). Mount the folder"
+                        " the table was written to; or, to give up its rows for good, drop it"
+                        f" (client.drop_table(spark, {self.name!r})) and create it again"
+                    ) from None
+                listed = paths  # a compaction may have folded them since: list again
+        raise OracleError(f"reading {self.name!r} kept racing with compactions; try again")
 
     def _changes_of(self, paths: list[str]) -> DataFrame:
         full = StructType(self.schema.fields + [StructField(DIFF, IntegerType()),
@@ -376,16 +397,9 @@ class TimestampedTable:
             if stamped:
                 parts.append(self.spark.read.schema(full).parquet(*stamped))
         except AnalysisException as exc:
-            missing = re.search(r"Path does not exist: (\S+)", str(exc))
-            if missing is None:
+            if exc.getCondition() != "PATH_NOT_FOUND":
                 raise
-            raise ConfigError(
-                f"table {self.name!r} has committed files that are gone ({missing.group(1)}):"
-                f" its folder {self.info.location} was emptied or replaced (a different volume"
-                " mounted there, a new data_dir), or collect_garbage ran with an older_than_s"
-                " shorter than this read. Mount the folder the table was written to, or drop"
-                f" the table (client.drop_table(spark, {self.name!r})) to start it over"
-            ) from None
+            raise _FilesGone((exc.getMessageParameters() or {}).get("path", "?")) from exc
         if not parts:
             return self.spark.createDataFrame([], full)
         return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])

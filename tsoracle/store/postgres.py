@@ -261,9 +261,8 @@ class PostgresBackend(Backend):
         # stall every writer and linearized read of the timeline until TCP gave up, hours by
         # default. A shorter limit from the server, the role or the URL's options is kept.
         # current_setting() shows the limit with its unit ("0", "500ms", "1h"), which interval
-        # input reads; pg_settings would need a privilege some sites revoke. The limit goes in
-        # as a literal: with bound parameters, pools behind 30 % lost replies failed to open in
-        # time (test_lost_replies_are_retried_unseen; seen, not yet explained).
+        # input reads; pg_settings would need a privilege some sites revoke. The limit is our
+        # constant, written in as a literal.
         limit_ms = sql.Literal(str(IDLE_IN_TRANSACTION_S * 1000))
         await conn.execute(sql.SQL(
             "SELECT CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')"

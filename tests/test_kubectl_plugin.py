@@ -14,14 +14,10 @@ import pytest
 import yaml
 from support.kube import is_ready
 
-from tsoracle.kubectl import (
-    PluginError,
-    age,
-    fencing_args,
-    redact,
-    redacted_secret,
-    secret_texts,
-)
+from tsoracle.kubectl.api import PluginError
+from tsoracle.kubectl.fencing import fencing_args
+from tsoracle.kubectl.status import age
+from tsoracle.redact import redact_texts, redacted_secret, secret_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"
@@ -212,7 +208,7 @@ def test_only_secret_values_are_redacted():
     secrets = secret_texts([url, "token-abc123"])
     text = (f"url={url} decoded=s3cret/pw encoded=s3cret%2Fpw token-abc123 "
             "server https://10.0.0.1:6443 host db.internal")
-    out = redact(text, secrets)
+    out = redact_texts(text, secrets)
     assert "s3cret" not in out and "token-abc123" not in out and url not in out
     # Addresses are not secrets: the API server's and the database host stay readable.
     assert "https://10.0.0.1:6443" in out and "host db.internal" in out

@@ -2,7 +2,8 @@
 
 The library already masks passwords; the operator goes further because the whole URL is the
 Secret's value: the URL in any form, the password and the host (in any letter case) are
-replaced, whether or not the URL parses.
+replaced, whether or not the URL parses. The password's forms and the replacing come from
+`tsoracle/redact.py`, which `kubectl tsoracle report` uses as well.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import re
 from urllib.parse import unquote, urlsplit
 
 from tsoracle.errors import ConfigError
-from tsoracle.store import parse_url, secret_forms
+from tsoracle.redact import password_forms, redact_texts
+from tsoracle.store import parse_url
 
 # Where the server is, as libpq and the pool spell it, whatever the URL said (`localhost`
 # resolves to addresses that appear nowhere in the URL).
@@ -34,17 +36,16 @@ def redact_addresses(text: str) -> str:
 
 
 def redact(text: str, url: str | None) -> str:
+    """`text` without the backend URL, its password and host, or any server address."""
     if not url:
         return redact_addresses(text)
-    secrets = [url, url.strip()]
+    secrets = [url, url.strip(), *password_forms(url)]
     try:
         parsed = parse_url(url)
     except ConfigError:
         parsed = None
     if parsed is not None:
         secrets.append(parsed.safe)
-        for secret in {parsed.password, *parsed.secrets}:
-            secrets += secret_forms(secret)
         if parsed.host:
             secrets += [parsed.host, *parsed.host.split(",")]
     # What a URL that does not parse may still hold: everything between :// and the last @
@@ -60,6 +61,4 @@ def redact(text: str, url: str | None) -> str:
             secrets += [parts.password or "", parts.hostname or ""]
         except ValueError:
             pass
-    for s in sorted({s for s in secrets if len(s) > 2}, key=len, reverse=True):
-        text = re.sub(re.escape(s), "<backend>", text, flags=re.IGNORECASE)
-    return redact_addresses(text)
+    return redact_addresses(redact_texts(text, secrets, "<backend>"))

@@ -1,0 +1,143 @@
+"""The kubectl plugin's printer, views and argument handling, and the redactor it shares with
+the operator: pure functions, no API server (tests/test_kubectl_plugin.py runs the plugin)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+
+import pytest
+import yaml
+
+from tsoracle.fencing import IMPLEMENTATIONS, MODES
+from tsoracle.kubectl import build_parser
+from tsoracle.kubectl.api import PluginError, condition
+from tsoracle.kubectl.fencing import SPELLINGS, fencing_args
+from tsoracle.kubectl.printer import print_, progress
+from tsoracle.kubectl.status import list_text, one_text, summary
+from tsoracle.operator.redact import redact
+from tsoracle.redact import (
+    REDACTED,
+    password_forms,
+    redact_texts,
+    redacted_secret,
+    secret_texts,
+)
+
+ORDERS = {
+    "metadata": {"name": "orders", "namespace": "shop"},
+    "spec": {"implementation": "legacy", "fencing": "Always", "backend": {"schema": "tso"}},
+    "status": {"activeImplementation": "distributed", "epoch": 3, "fencing": "Always",
+               "timelines": [{"name": "counter:orders", "readTs": 7, "writeTs": 9,
+                              "lagMs": 1}],
+               "conditions": [{"type": "Ready", "status": "True", "reason": "Reconciled"}]},
+}
+
+
+# --- the printer ---------------------------------------------------------------------------
+
+def test_one_value_prints_in_every_format(capsys):
+    value = {"name": "orders", "epoch": 3, "timelines": ["a", "b"]}
+
+    def printed(fmt: str) -> str:
+        print_(value, fmt, lambda d: f"{d['name']} at epoch {d['epoch']}")
+        return capsys.readouterr().out
+
+    assert json.loads(printed("json")) == value
+    assert yaml.safe_load(printed("yaml")) == value
+    assert printed("text") == "orders at epoch 3\n"
+
+
+def test_progress_leaves_stdout_to_json_and_yaml():
+    assert progress("text") is sys.stdout
+    assert progress("json") is sys.stderr and progress("yaml") is sys.stderr
+
+
+@pytest.mark.parametrize("command", [["status"], ["flip", "x", "--to", "legacy"],
+                                     ["fencing", "x", "on"], ["report", "x"]])
+def test_every_command_takes_the_output_flag(command, capsys):
+    for fmt in ("text", "json", "yaml"):
+        assert build_parser().parse_args([*command, "-o", fmt]).output == fmt
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([*command, "-o", "wide"])
+    assert exit_.value.code == 2
+    assert "-o/--output is the format: text, json or yaml" in capsys.readouterr().err
+
+
+def test_an_old_output_file_is_pointed_at_the_file_flag(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["report", "x", "--output", "r.zip"])
+    assert "name the report's zip file with -f/--file" in capsys.readouterr().err
+
+
+# --- the views and arguments ---------------------------------------------------------------
+
+def test_one_oracle_in_text():
+    text = one_text(summary(ORDERS))
+    assert text.splitlines()[0] == "TimestampOracle shop/orders"
+    assert "  implementation  distributed (flipping to legacy)" in text
+    assert "  ready           True (Reconciled)" in text
+    assert "  counter:orders  7        9         1" in text
+
+
+def test_the_list_in_text():
+    brief = {k: v for k, v in summary(ORDERS).items() if k not in ("spec", "status")}
+    one_ns = list_text({"namespace": "shop", "allNamespaces": False, "items": [brief]})
+    assert one_ns.split("\n")[1].split() == ["orders", "distributed", "legacy", "3", "Always",
+                                             "True", "Reconciled", "1", "-"]
+    every = list_text({"namespace": None, "allNamespaces": True, "items": [brief]})
+    assert every.split()[:2] == ["NAMESPACE", "NAME"]
+    assert list_text({"namespace": "x", "allNamespaces": False, "items": []}) == \
+        "No TimestampOracle in namespace x."
+    assert condition(ORDERS, "Degraded") == {}
+
+
+def test_names_come_from_the_fencing_module():
+    assert {SPELLINGS[m] for m in MODES} == set(MODES)
+    assert set(SPELLINGS.values()) == set(MODES)
+    flip = next(a for a in build_parser()._subparsers._group_actions[0].choices["flip"]._actions
+                if a.dest == "to")
+    assert tuple(flip.choices) == IMPLEMENTATIONS
+    with pytest.raises(PluginError, match=r"NAME Always\|Rollout\|Disabled \(on = Always"):
+        fencing_args("orders", "sometimes")
+
+
+# --- the redactor --------------------------------------------------------------------------
+
+URL = "postgresql://app:s3cret%2Fpw@db.internal:5432/app"
+
+
+def test_a_url_password_in_its_forms():
+    assert set(password_forms(URL)) >= {"s3cret/pw", "s3cret%2Fpw"}
+    assert password_forms("not a url") == []
+
+
+def test_texts_are_replaced_longest_first_in_any_case():
+    assert redact_texts("ABCDEF abc", ["abc", "abcdef"]) == f"{REDACTED} {REDACTED}"
+    assert redact_texts("ab stays", ["ab"]) == "ab stays"  # too short to mask
+    assert redact_texts("url=X", ["x"], "<backend>") == "url=X"
+    assert redact_texts("token Tok-123", ["tok-123"], "<backend>") == "token <backend>"
+
+
+def test_every_encoding_of_a_secret_value_is_found():
+    forms = secret_texts([f" {URL}\n"])
+    assert URL in forms and "s3cret/pw" in forms
+    assert base64.b64encode(URL.encode()).decode() in forms
+    assert forms == sorted(forms, key=len, reverse=True)
+
+
+def test_the_report_keeps_addresses_the_operator_hides():
+    text = f"connecting to {URL} on db.internal with s3cret/pw"
+    for_report = redact_texts(text, secret_texts([URL]))
+    assert for_report == f"connecting to {REDACTED} on db.internal with {REDACTED}"
+    for_status = redact(text, URL)
+    assert "db.internal" not in for_status and "s3cret" not in for_status
+
+
+def test_a_secret_keeps_its_keys_only():
+    kept = redacted_secret({"metadata": {"name": "db", "annotations": {"applied": URL}},
+                            "data": {"url": "eA=="}, "type": "Opaque"})
+    assert kept["data"] == {"url": REDACTED}
+    assert kept["metadata"]["annotations"] == {"applied": REDACTED}
+    assert URL not in json.dumps(kept)

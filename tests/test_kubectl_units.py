@@ -6,15 +6,19 @@ from __future__ import annotations
 import base64
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.kubectl import build_parser
 from tsoracle.kubectl.api import PluginError, condition
 from tsoracle.kubectl.fencing import SPELLINGS, fencing_args
 from tsoracle.kubectl.printer import print_, progress
+from tsoracle.kubectl.report import _pod_logs
 from tsoracle.kubectl.status import list_text, one_text, summary
 from tsoracle.operator.redact import redact
 from tsoracle.redact import (
@@ -141,3 +145,19 @@ def test_a_secret_keeps_its_keys_only():
     assert kept["data"] == {"url": REDACTED}
     assert kept["metadata"]["annotations"] == {"applied": REDACTED}
     assert URL not in json.dumps(kept)
+
+
+def test_operator_pod_logs_are_named_by_namespace_and_pod():
+    # No test cluster runs the operator in a pod, so the report's pod path is checked here.
+    def log(name: str, namespace: str, tail_lines: int) -> str:
+        if name == "op-2":
+            raise ApiException(status=403, reason="Forbidden")
+        return f"{namespace}/{name}: {tail_lines} lines"
+
+    pods = [client.V1Pod(metadata=client.V1ObjectMeta(name=n, namespace="tso"))
+            for n in ("op-1", "op-2")]
+    core = SimpleNamespace(list_pod_for_all_namespaces=lambda label_selector: SimpleNamespace(
+        items=pods), read_namespaced_pod_log=log)
+    api = SimpleNamespace(core=core, plain=client.ApiClient().sanitize_for_serialization)
+    assert _pod_logs(api) == {"operator-tso-op-1.log": "tso/op-1: 5000 lines",
+                              "operator-tso-op-2.log": "(logs unavailable: Forbidden)"}

@@ -4,7 +4,7 @@ API server's refusals as one-line errors."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -36,8 +36,9 @@ class Api:
 
     def get(self, name: str) -> dict[str, Any]:
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace,
-                                                            PLURAL, name)
+            found = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                             PLURAL, name)
+            return cast(dict[str, Any], found)
         except ApiException as exc:
             if exc.status == 404:
                 raise PluginError(f"TimestampOracle {self.namespace}/{name} not found; "
@@ -55,7 +56,7 @@ class Api:
         except ApiException as exc:
             raise PluginError(f"the API server refused to list TimestampOracles: "
                               f"{exc.reason}") from None
-        items = found.get("items") or []
+        items: list[dict[str, Any]] = cast(dict[str, Any], found).get("items") or []
         return sorted(items, key=lambda o: (o["metadata"]["namespace"], o["metadata"]["name"]))
 
     def patch_spec(self, name: str, spec: dict[str, Any]) -> None:

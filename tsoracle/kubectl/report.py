@@ -76,12 +76,13 @@ def _secret(api: Api, obj: dict[str, Any], manifest: str,
 
 def _pod_logs(api: Api) -> dict[str, str]:
     try:
-        pods = api.core.list_pod_for_all_namespaces(label_selector=OPERATOR_PODS).items
+        pods = api.plain(api.core.list_pod_for_all_namespaces(label_selector=OPERATOR_PODS)
+                         .items)
     except ApiException:
         pods = []  # may not list pods cluster-wide: the logs given with --operator-log remain
     logs = {}
     for pod in pods:
-        ns, pod_name = pod.metadata.namespace, pod.metadata.name
+        ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         try:
             log = api.core.read_namespaced_pod_log(pod_name, ns, tail_lines=LOG_LINES)
         except ApiException as exc:

@@ -24,8 +24,8 @@ U64_MAX = 2**64 - 1
 _FIELD_RE = re.compile(r"\{(\w+)(?::(\w+))?\}")
 
 # Every table a deployment's schema holds: fencing/tables.py creates the first two,
-# spark/catalog.py the rest (oracle/provision.py drops them all; tests/test_sql.py checks that
-# the lists agree).
+# spark/catalog.py the rest (oracle/provision.py drops them all; tests/test_sql_templates.py
+# checks that the lists agree). A new table is added here too.
 TABLES = frozenset({"timestamps", "deployment", "table_catalog", "table_commits",
                     "timeline_uppers", "table_tags", "table_since"})
 
@@ -51,9 +51,9 @@ def substitute(template: str, table: Callable[[str], str], u64: Callable[[str], 
             return u64(spec)
         if name not in TABLES:
             raise ValueError(
-                f"unknown SQL template field {{{name}}}: not a table of the schema "
-                "(store/dialect.py TABLES); a fragment must be written in where the statement "
-                "is defined (dialect.expand)")
+                f"unknown SQL template field {{{name}}}: neither a table of the schema "
+                "(store/dialect.py TABLES) nor a fragment written in where the statement is "
+                "defined (dialect.expand)")
         return table(name)
 
     return _FIELD_RE.sub(field, template)

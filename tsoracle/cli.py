@@ -15,8 +15,8 @@ from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.oracle import EPOCH_MILLISECONDS, connect, finish_rollout, flip, init, set_fencing
 from tsoracle.oracle import status as read_status
 from tsoracle.oracle.api import WriteTimestamp
-from tsoracle.oracle.connect import DEFAULT_MAX_CLOCK_SKEW_MS
 from tsoracle.oracle.operations import BY_COMMAND
+from tsoracle.oracle.options import DEFAULT_MAX_CLOCK_SKEW_MS
 from tsoracle.output import add_output_flag, emit, table
 from tsoracle.store import DEFAULT_URL
 

@@ -21,25 +21,26 @@ from tsoracle.fencing.modes import (
     read_deployment,
     superseded,
 )
+from tsoracle.fencing.tables import fenced
 from tsoracle.store import Backend
 from tsoracle.store.backend import Pinned
 
 # Each statement also returns the deployment's fencing mode, so a change of mode reaches the
 # leader at its next reservation or confirmation, whatever the mode was when it started.
-_START = ("UPDATE {timestamps} SET leader_epoch = leader_epoch + 1 WHERE {row}"
-          " RETURNING leader_epoch, read_ts, write_ts, {guard}, fence")
-_RESERVE = ("UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(upper)s::numeric),"
-            " read_ts = GREATEST(read_ts, %(read)s::numeric)"
-            " WHERE {row} AND leader_epoch = %(leader_epoch)s AND {guard}"
-            " RETURNING write_ts, fence")
+_START = fenced("UPDATE {timestamps} SET leader_epoch = leader_epoch + 1 WHERE {row}"
+                 " RETURNING leader_epoch, read_ts, write_ts, {guard}, fence")
+_RESERVE = fenced("UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(upper)s::numeric),"
+                  " read_ts = GREATEST(read_ts, %(read)s::numeric)"
+                  " WHERE {row} AND leader_epoch = %(leader_epoch)s AND {guard}"
+                  " RETURNING write_ts, fence")
 # An apply persists the read frontier before any read may return it, so a successor (or a
 # flip) starts reads exactly there: never below a returned read, never past an unapplied write.
-_PERSIST_READ = ("UPDATE {timestamps} SET read_ts = GREATEST(read_ts, %(read)s::numeric)"
-                 " WHERE {row} AND leader_epoch = %(leader_epoch)s AND {guard}"
-                 " RETURNING read_ts, fence")
-_CONFIRM = ("SELECT leader_epoch = %(leader_epoch)s AND {guard}, fence FROM {timestamps}"
-            " WHERE {row}")
-_LEADER_EPOCH = "SELECT leader_epoch FROM {timestamps} WHERE {row}"
+_PERSIST_READ = fenced("UPDATE {timestamps} SET read_ts = GREATEST(read_ts, %(read)s::numeric)"
+                       " WHERE {row} AND leader_epoch = %(leader_epoch)s AND {guard}"
+                       " RETURNING read_ts, fence")
+_CONFIRM = fenced("SELECT leader_epoch = %(leader_epoch)s AND {guard}, fence FROM {timestamps}"
+                  " WHERE {row}")
+_LEADER_EPOCH = fenced("SELECT leader_epoch FROM {timestamps} WHERE {row}")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The oracle's two tables, and the SQL fragments every statement on them uses.
+"""The oracle's two tables, and the SQL fragments every statement on its rows uses (`fenced`).
 
 - `deployment`: one row, the source of truth: epoch, active implementation, fencing mode,
   rollout flag, incarnation, owner, the resource generation last applied.
@@ -11,21 +11,31 @@ from __future__ import annotations
 import secrets
 
 from tsoracle.store import Backend, schema
-from tsoracle.store.dialect import define_fragment
+from tsoracle.store.dialect import expand
 
 TABLES = ("timestamps", "deployment")
 
-# {guard}: true while this process may hand out or release results: it runs the active
-# implementation and its epoch is current, or the mode is Rollout and no rollout is in progress.
-# Every mode, Disabled included, evaluates it on every statement: Disabled only spares a legacy
-# leader its confirmation round trips before answering from memory (see confirms_reads), never
-# the check that keeps an inactive implementation or a superseded epoch from allocating.
-# The incarnation names one provisioning of the schema: a client of a deployment that was dropped
-# and provisioned again (epochs and counters restart) fails it instead of reusing timestamps.
-define_fragment("guard", "(active AND incarnation = %(incarnation)s"
-                         " AND (epoch = %(epoch)s OR (fence = 'Rollout' AND NOT rollout)))")
-# {row}: the one timestamps row a statement is about.
-define_fragment("row", "timeline = %(timeline)s AND implementation = %(implementation)s")
+# What `fenced` writes into a statement for `{name}`.
+FRAGMENTS = {
+    # True while this process may hand out or release results: it runs the active
+    # implementation and its epoch is current, or the mode is Rollout and no rollout is in
+    # progress. Every mode, Disabled included, evaluates it on every statement: Disabled only
+    # spares a legacy leader its confirmation round trips before answering from memory (see
+    # confirms_reads), never the check that keeps an inactive implementation or a superseded
+    # epoch from allocating. The incarnation names one provisioning of the schema: a client of
+    # a deployment that was dropped and provisioned again (epochs and counters restart) fails
+    # it instead of reusing timestamps.
+    "guard": "(active AND incarnation = %(incarnation)s"
+             " AND (epoch = %(epoch)s OR (fence = 'Rollout' AND NOT rollout)))",
+    # The one timestamps row a statement is about.
+    "row": "timeline = %(timeline)s AND implementation = %(implementation)s",
+}
+
+
+def fenced(template: str) -> str:
+    """A statement on one timestamps row, with `{row}` and `{guard}` written in."""
+    return expand(template, FRAGMENTS)
+
 
 _DDL = (
     """CREATE TABLE IF NOT EXISTS {deployment} (

@@ -13,6 +13,7 @@ from tsoracle.oracle.connect import (
 from tsoracle.oracle.flip import FlipResult
 from tsoracle.oracle.group_commit import GroupCommitter
 from tsoracle.oracle.metrics import serve_metrics
+from tsoracle.oracle.options import OracleOptions
 from tsoracle.oracle.sync import SyncTimestampOracle, connect_sync, open_sync
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, Timeline, common_timeline, parse_timeline
 
@@ -20,6 +21,7 @@ __all__ = [
     "EPOCH_MILLISECONDS",
     "FlipResult",
     "GroupCommitter",
+    "OracleOptions",
     "SyncTimestampOracle",
     "Timeline",
     "TimestampOracle",

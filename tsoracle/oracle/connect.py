@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from tsoracle.coalesce import MAX_PIPELINE_DEPTH
-from tsoracle.errors import Arg, ConfigError, Fenced, NotInitialized, UnknownTimeline
+from tsoracle.errors import Arg, Fenced, NotInitialized, UnknownTimeline
 from tsoracle.fencing import (
     Deployment,
     check_implementation,
@@ -21,25 +21,24 @@ from tsoracle.oracle import metrics
 from tsoracle.oracle.api import TimestampOracle, wall_clock_ms
 from tsoracle.oracle.distributed import DistributedOracle
 from tsoracle.oracle.flip import FlipResult, flip_backend
-from tsoracle.oracle.legacy import DEFAULT_WINDOW, LegacyOracle
+from tsoracle.oracle.legacy import LegacyOracle
+from tsoracle.oracle.options import OracleOptions
 from tsoracle.oracle.provision import Provisioned, provision, timeline_exists
 from tsoracle.oracle.status import Status, read_status
-from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
+from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
 from tsoracle.store import Backend, RetryPolicy, open_backend, parse_url
-
-DEFAULT_MAX_CLOCK_SKEW_MS = 60_000
-# Batched read_ts / confirm_leadership calls in flight at once (coalesce.Pipelined;
-# docs/design.md, "Pipelined batches"): beyond the first, each borrows a pool connection.
-DEFAULT_PIPELINE_DEPTH = 8
+from tsoracle.store.backend import DEFAULT_POOL_SIZE
 
 
-async def open_instrumented_backend(url: str, implementation: str = "admin",
-                                    **kwargs: Any) -> Backend:
+async def open_instrumented_backend(url: str, implementation: str = "admin", *,
+                                    pool_size: int = DEFAULT_POOL_SIZE,
+                                    retry: RetryPolicy | None = None,
+                                    create: bool = False) -> Backend:
     """An open backend whose retries are counted under `implementation`."""
     retries = metrics.RETRIES
     backend = open_backend(
         parse_url(url), on_retry=lambda reason: retries.inc(reason, implementation),
-        **kwargs,
+        pool_size=pool_size, retry=retry, create=create,
     )
     await backend.open()
     return backend
@@ -54,57 +53,22 @@ async def _require_schema(backend: Backend) -> Deployment:
     return await read_deployment(backend)
 
 
-async def open_oracle(
-    url: str,
-    *,
-    timeline: str = EPOCH_MILLISECONDS,
-    implementation: str | None = "distributed",
-    batching: bool = True,
-    read_only: bool = False,
-    now: Callable[[], int] | None = None,
-    fencing: str | None = None,
-    max_clock_skew_ms: int | None = DEFAULT_MAX_CLOCK_SKEW_MS,
-    window: int = DEFAULT_WINDOW,
-    pool_size: int = 10,
-    retry: RetryPolicy | None = None,
-    pipeline_depth: int | None = None,
-) -> TimestampOracle:
+async def open_oracle(url: str, options: OracleOptions | None = None,
+                      **fields: Any) -> TimestampOracle:
     """Open an oracle the caller must `close()`; `connect` is the context-manager form.
 
-    `implementation=None` follows the deployment's active implementation. `pipeline_depth`:
-    how many batched `read_ts` (and `confirm_leadership`) calls may be in flight at once
-    (default 8, fewer when `pool_size` leaves less room: beyond the first, each borrows a
-    pool connection while it runs).
-    `fencing` overrides the deployment's mode for this process only (for experiments;
-    production follows the deployment); like the deployment's mode it only decides whether a
-    legacy leader confirms before answering from memory, never whether a fenced process may
-    allocate.
+    `fields` are `OracleOptions`' (`timeline=`, `implementation=`, …), checked before any
+    connection is made; given with `options`, they override its values.
     """
-    tl = parse_timeline(timeline)
-    if implementation is not None:
-        check_implementation(implementation)
-    if fencing is not None:
-        check_mode(fencing)
-    if implementation == "legacy" and read_only:
-        raise ConfigError.worded(
-            "the legacy oracle serves from its leader's memory, so it cannot be read-only; "
-            "open read-only clients with {use}", use=Arg("implementation", "distributed"))
-    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
-        raise ConfigError.worded("{pool} must be a positive integer, got {got!r}",
-                                 pool=Arg("pool_size"), got=pool_size)
-    if pipeline_depth is not None and (
-            isinstance(pipeline_depth, bool) or not isinstance(pipeline_depth, int)
-            or not 1 <= pipeline_depth <= MAX_PIPELINE_DEPTH):
-        raise ConfigError.worded("{depth} must be an integer from 1 to {most}, got {got!r}",
-                                 depth=Arg("pipeline_depth"), most=MAX_PIPELINE_DEPTH,
-                                 got=pipeline_depth)
-    impl_label = implementation or "active"
-    backend = await open_instrumented_backend(url, impl_label, pool_size=pool_size, retry=retry)
+    opts = OracleOptions(**fields) if options is None else dataclasses.replace(options, **fields)
+    tl = opts.parsed_timeline()
+    backend = await open_instrumented_backend(url, opts.implementation or "active",
+                                              pool_size=opts.pool_size, retry=opts.retry)
     try:
         dep = await _require_schema(backend)
         if not await timeline_exists(backend, tl.name):
             raise UnknownTimeline(tl.name)
-        chosen = implementation or dep.implementation
+        chosen = opts.implementation or dep.implementation
         if chosen != dep.implementation:
             raise Fenced.worded(
                 "the active implementation is {active!r} (epoch {epoch}), not {chosen!r}; use "
@@ -113,46 +77,30 @@ async def open_oracle(
                 use=Arg("implementation", dep.implementation),
                 follow=Arg("implementation", omit=True))
         cls = LegacyOracle if chosen == "legacy" else DistributedOracle
-        pinned = cls.pinned_connections
-        if backend.pooled and pool_size <= pinned:
-            # Pinned connections would take the whole pool and every other statement would
-            # wait for a connection that never comes free.
-            raise ConfigError.worded(
-                "{pool} is too small for the {chosen} oracle: it keeps {pinned} connection(s) "
-                "for batched calls and needs at least one more; use {enough} or more",
-                pool=Arg("pool_size", pool_size), chosen=chosen, pinned=pinned,
-                enough=Arg("pool_size", pinned + 1))
-        depth = pipeline_depth or DEFAULT_PIPELINE_DEPTH
-        if backend.pooled:
-            # Batches beyond the first borrow pool connections; one stays for everything else.
-            room = pool_size - pinned
-            if pipeline_depth is None:
-                depth = max(1, min(depth, room))
-            elif depth > room:
-                raise ConfigError.worded(
-                    "{pool} leaves room for {room} batched call(s) in flight besides the "
-                    "{pinned} connection(s) the {chosen} oracle keeps; use {smaller} or {bigger}",
-                    pool=Arg("pool_size", pool_size), room=max(room, 0), pinned=pinned,
-                    chosen=chosen, smaller=Arg("pipeline_depth", max(room, 1)),
-                    bigger=Arg("pool_size", pinned + depth))
-        common: dict[str, Any] = dict(read_only=read_only, fencing_override=fencing, now=now,
-                      max_clock_skew_ms=max_clock_skew_ms,
-                      pipeline_depth=depth)
+        depth = opts.pipeline_depth_for(chosen, cls.pinned_connections, backend.pooled)
         if chosen == "legacy":
-            legacy = LegacyOracle(backend, tl, dep, window=window, **common)
+            legacy = LegacyOracle(
+                backend, tl, dep, read_only=opts.read_only, fencing_override=opts.fencing,
+                now=opts.now,
+                max_clock_skew_ms=opts.max_clock_skew_ms, window=opts.window,
+                pipeline_depth=depth)
             await legacy.start()
             metrics.LEADER_EPOCH.set((tl.name,), legacy.leadership.leader_epoch)
             return legacy
-        return DistributedOracle(backend, tl, dep, batching=batching, **common)
+        return DistributedOracle(
+            backend, tl, dep, read_only=opts.read_only, fencing_override=opts.fencing,
+            now=opts.now, max_clock_skew_ms=opts.max_clock_skew_ms, batching=opts.batching,
+            pipeline_depth=depth)
     except BaseException:
         await backend.close()
         raise
 
 
 @asynccontextmanager
-async def connect(url: str, **kwargs: Any) -> AsyncIterator[TimestampOracle]:
+async def connect(url: str, options: OracleOptions | None = None,
+                  **fields: Any) -> AsyncIterator[TimestampOracle]:
     """`async with tsoracle.connect(url, timeline=…, implementation=…) as oracle: …`"""
-    oracle = await open_oracle(url, **kwargs)
+    oracle = await open_oracle(url, options, **fields)
     try:
         yield oracle
     finally:

@@ -7,27 +7,30 @@ deployment has moved past gets `Fenced` from the same statement, with no extra r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from tsoracle.coalesce import shared_calls
 from tsoracle.errors import ClockSkew, TimestampExhausted, UnknownTimeline
-from tsoracle.fencing import read_deployment, superseded
+from tsoracle.fencing import Deployment, read_deployment, superseded
+from tsoracle.fencing.tables import fenced
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
-from tsoracle.store import U64_MAX
+from tsoracle.oracle.timeline import Timeline
+from tsoracle.store import U64_MAX, Backend
 from tsoracle.store.backend import Pinned
 
 # One statement per operation; each carries the fencing guard, checked by the row it touches.
 _SQL = {
-    "write": "UPDATE {timestamps} SET write_ts = GREATEST(write_ts + 1, %(now)s::numeric)"
-             " WHERE {row} AND write_ts < %(max)s::numeric"
-             " AND write_ts + 1 <= %(ceiling)s::numeric AND {guard} RETURNING write_ts",
-    "peek": "SELECT write_ts, {guard} FROM {timestamps} WHERE {row}",
-    "read": "SELECT read_ts, {guard} FROM {timestamps} WHERE {row}",
-    "apply": "UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(ts)s::numeric),"
-             " read_ts = GREATEST(read_ts, %(ts)s::numeric)"
-             " WHERE {row} AND {guard} RETURNING read_ts",
-    "confirm": "SELECT {guard} FROM {timestamps} WHERE {row}",
+    "write": fenced("UPDATE {timestamps} SET write_ts = GREATEST(write_ts + 1, %(now)s::numeric)"
+                    " WHERE {row} AND write_ts < %(max)s::numeric"
+                    " AND write_ts + 1 <= %(ceiling)s::numeric AND {guard} RETURNING write_ts"),
+    "peek": fenced("SELECT write_ts, {guard} FROM {timestamps} WHERE {row}"),
+    "read": fenced("SELECT read_ts, {guard} FROM {timestamps} WHERE {row}"),
+    "apply": fenced("UPDATE {timestamps} SET write_ts = GREATEST(write_ts, %(ts)s::numeric),"
+                    " read_ts = GREATEST(read_ts, %(ts)s::numeric)"
+                    " WHERE {row} AND {guard} RETURNING read_ts"),
+    "confirm": fenced("SELECT {guard} FROM {timestamps} WHERE {row}"),
 }
 
 
@@ -35,9 +38,22 @@ class DistributedOracle(TimestampOracle):
     implementation = "distributed"
     pinned_connections = 2  # batched reads, batched confirmations (see __init__)
 
-    def __init__(self, *args: Any, batching: bool = True, pipeline_depth: int = 1,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        backend: Backend,
+        timeline: Timeline,
+        deployment: Deployment,
+        *,
+        read_only: bool,
+        fencing_override: str | None,
+        now: Callable[[], int] | None,
+        max_clock_skew_ms: int | None,
+        batching: bool = True,
+        pipeline_depth: int = 1,
+    ) -> None:
+        super().__init__(backend, timeline, deployment, read_only=read_only,
+                         fencing_override=fencing_override, now=now,
+                         max_clock_skew_ms=max_clock_skew_ms)
         self.pipeline_depth = pipeline_depth
         self._sql = _SQL
         self._base = {"timeline": self.timeline.name, "implementation": "distributed",

@@ -8,12 +8,13 @@ released after a (shared) `confirm_leadership` that asks the storage.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
 
 from tsoracle.errors import ClockSkew, TimestampExhausted
-from tsoracle.fencing import Leadership
+from tsoracle.fencing import Deployment, Leadership
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
-from tsoracle.store import U64_MAX
+from tsoracle.oracle.timeline import Timeline
+from tsoracle.store import U64_MAX, Backend
 
 DISABLED_MAX_STALENESS_S = 1.0  # reads under fencing Disabled confirm at least this often
 DEFAULT_WINDOW = 1000  # ms on EpochMilliseconds, timestamps on counting timelines
@@ -23,9 +24,22 @@ class LegacyOracle(TimestampOracle):
     implementation = "legacy"
     pinned_connections = 1  # the leadership's batched confirmations
 
-    def __init__(self, *args: Any, window: int = DEFAULT_WINDOW, pipeline_depth: int = 1,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        backend: Backend,
+        timeline: Timeline,
+        deployment: Deployment,
+        *,
+        read_only: bool,
+        fencing_override: str | None,
+        now: Callable[[], int] | None,
+        max_clock_skew_ms: int | None,
+        window: int = DEFAULT_WINDOW,
+        pipeline_depth: int = 1,
+    ) -> None:
+        super().__init__(backend, timeline, deployment, read_only=read_only,
+                         fencing_override=fencing_override, now=now,
+                         max_clock_skew_ms=max_clock_skew_ms)
         if window < 1:
             raise ValueError("window must be at least 1")
         self.window = window

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from tsoracle.eventloop import new_event_loop
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
 from tsoracle.oracle.connect import open_oracle
+from tsoracle.oracle.options import OracleOptions
 
 T = TypeVar("T")
 
@@ -74,10 +75,12 @@ class SyncTimestampOracle:
             self._runner.stop()
 
 
-def open_sync(url: str, **kwargs: Any) -> SyncTimestampOracle:
+def open_sync(url: str, options: OracleOptions | None = None,
+              **fields: Any) -> SyncTimestampOracle:
+    """`open_oracle`'s blocking form: the same options (`OracleOptions`)."""
     runner = LoopThread()
     try:
-        oracle = runner.run(open_oracle(url, **kwargs))
+        oracle = runner.run(open_oracle(url, options, **fields))
     except BaseException:
         runner.stop()
         raise
@@ -85,9 +88,10 @@ def open_sync(url: str, **kwargs: Any) -> SyncTimestampOracle:
 
 
 @contextmanager
-def connect_sync(url: str, **kwargs: Any) -> Iterator[SyncTimestampOracle]:
+def connect_sync(url: str, options: OracleOptions | None = None,
+                 **fields: Any) -> Iterator[SyncTimestampOracle]:
     """`with tsoracle.connect_sync(url, …) as oracle: oracle.read_ts()`"""
-    oracle = open_sync(url, **kwargs)
+    oracle = open_sync(url, options, **fields)
     try:
         yield oracle
     finally:

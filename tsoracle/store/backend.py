@@ -15,6 +15,7 @@ from tsoracle.store.url import BackendURL
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
+DEFAULT_POOL_SIZE = 10
 
 
 class Tx(ABC):
@@ -42,16 +43,13 @@ class _Unpinned(Pinned):
         return await self.backend.fetch(template, params)
 
 
-async def _not_owned() -> None:
-    return None
-
-
 class Backend(ABC):
     """A pool of connections to one database; all errors leave as tsoracle errors."""
 
     dialect: Dialect
     url: BackendURL
     pooled = False  # a pool of connections (pinned ones come out of it), not a single one
+    owns_connections = True  # False on a view (for_schema): closing leaves them open
 
     def __init__(
         self,
@@ -59,17 +57,28 @@ class Backend(ABC):
         *,
         retry: RetryPolicy | None = None,
         on_retry: Callable[[str], None] | None = None,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        create: bool = False,
     ) -> None:
+        """Each kind uses what applies to it: `pool_size` bounds a pooled backend's
+        connections; `create` lets an embedded database file be made (provisioning asks)."""
         self.url = url
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
+        self.pool_size = pool_size
+        self.create = create
 
     @abstractmethod
     async def open(self) -> None:
         """Connect once to fail fast with a clear error, then start the pool."""
 
+    async def close(self) -> None:
+        """Close the connections, unless this is a view (`for_schema`) of another backend's."""
+        if self.owns_connections:
+            await self._close_connections()
+
     @abstractmethod
-    async def close(self) -> None: ...
+    async def _close_connections(self) -> None: ...
 
     @abstractmethod
     async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
@@ -84,7 +93,7 @@ class Backend(ABC):
         at a time (batched reads, shared confirmations): no pool round trip per statement."""
         return _Unpinned(self)
 
-    async def _run(self, once: Callable[[], Awaitable[T]]) -> T:
+    async def retried(self, once: Callable[[], Awaitable[T]]) -> T:
         """Run `once`, retrying what `transient_reason` names; every failure that leaves is a
         tsoracle error (`gave_up` or `translate` says which)."""
         try:
@@ -127,7 +136,7 @@ class Backend(ABC):
         view.url = dataclasses.replace(self.url, schema=schema)
         view.dialect = copy.copy(self.dialect)
         view.dialect.schema = schema
-        view.close = _not_owned  # type: ignore[method-assign]
+        view.owns_connections = False
         return view
 
     def enc(self, ts: int) -> Any:
@@ -137,8 +146,16 @@ class Backend(ABC):
         return self.dialect.decode_ts(value)
 
 
-def open_backend(url: BackendURL, **kwargs: Any) -> Backend:
+def open_backend(
+    url: BackendURL,
+    *,
+    retry: RetryPolicy | None = None,
+    on_retry: Callable[[str], None] | None = None,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    create: bool = False,
+) -> Backend:
     """Make (not yet open) the backend for a parsed URL, of the kind its scheme registered."""
     from tsoracle.store.kinds import backend_class
 
-    return backend_class(url)(url, **kwargs)
+    return backend_class(url)(url, retry=retry, on_retry=on_retry, pool_size=pool_size,
+                              create=create)

@@ -2,12 +2,14 @@
 
 Statements are written once, PostgreSQL-flavoured, as templates with one substitution scheme:
 
-- `{name}` is a table in the deployment's schema (`{timestamps}`, `{table_catalog}`);
-- `{name}` is a named fragment instead when an upper floor defined one (`define_fragment`):
-  fencing's `{guard}` and `{row}` are written once and used in every statement on the
-  oracle's rows, so each statement reads whole in the module that owns it;
+- `{name}` is one of the deployment's tables (`TABLES`: `{timestamps}`, `{table_catalog}`);
+  any other name is an error, never a table that does not exist;
 - `{u64:column}` in DDL is the column type of an unsigned 64-bit timestamp;
 - `%(name)s` names a parameter; `GREATEST`, `::numeric` and `FOR UPDATE` are allowed.
+
+A module that repeats a piece of SQL in many statements writes it in with `expand` where it
+defines them (fencing's `{guard}` and `{row}`: fencing/tables.py `fenced`), so each statement
+still reads whole where it is defined and the dialect sees only tables.
 
 Each backend module holds its `Dialect` subclass (store/postgres.py, store/sqlite.py).
 """
@@ -15,35 +17,46 @@ Each backend module holds its `Dialect` subclass (store/postgres.py, store/sqlit
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 U64_MAX = 2**64 - 1
 _FIELD_RE = re.compile(r"\{(\w+)(?::(\w+))?\}")
-_FRAGMENTS: dict[str, str] = {}
+
+# Every table a deployment's schema holds: fencing/tables.py creates the first two,
+# spark/catalog.py the rest (oracle/provision.py drops them all; tests/test_sql_templates.py
+# checks that the lists agree). A new table is added here too.
+TABLES = frozenset({"timestamps", "deployment", "table_catalog", "table_commits",
+                    "timeline_uppers", "table_tags", "table_since"})
 
 
-def define_fragment(name: str, text: str) -> None:
-    """Name a piece of SQL that templates use as `{name}` (it may hold parameters, no fields)."""
-    if _FRAGMENTS.get(name, text) != text:
-        raise ValueError(f"SQL fragment {{{name}}} is defined twice, differently")
-    _FRAGMENTS[name] = text
+def expand(template: str, fragments: Mapping[str, str]) -> str:
+    """`template` with the `fragments` it names (`{name}`) written in; every other field must be
+    a table or `{u64:column}`, checked here so that a typo fails where the statement is defined.
+    A fragment may hold parameters, not fields."""
+    text = _FIELD_RE.sub(lambda m: fragments[m[1]] if m[2] is None and m[1] in fragments
+                         else m[0], template)
+    substitute(text, table=str, u64=str)  # only to check what is left
+    return text
 
 
 def substitute(template: str, table: Callable[[str], str], u64: Callable[[str], str]) -> str:
-    """`template` with its fragments expanded, and its tables and timestamp columns written
-    the way a dialect writes them (`table(name)`, `u64(column)`)."""
+    """`template` with its tables and timestamp columns written the way a dialect writes them
+    (`table(name)`, `u64(column)`); ValueError names a field that is neither."""
     def field(m: re.Match[str]) -> str:
         name, spec = m[1], m[2]
         if spec is not None:
             if name != "u64":
                 raise ValueError(f"unknown SQL template field {{{name}:{spec}}}")
             return u64(spec)
+        if name not in TABLES:
+            raise ValueError(
+                f"unknown SQL template field {{{name}}}: neither a table of the schema "
+                "(store/dialect.py TABLES) nor a fragment written in where the statement is "
+                "defined (dialect.expand)")
         return table(name)
 
-    expanded = _FIELD_RE.sub(lambda m: _FRAGMENTS.get(m[1], m[0]) if m[2] is None else m[0],
-                             template)
-    return _FIELD_RE.sub(field, expanded)
+    return _FIELD_RE.sub(field, template)
 
 
 class Dialect:

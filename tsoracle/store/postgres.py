@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from decimal import Decimal
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, TypeVar
 
 import psycopg
@@ -27,6 +27,7 @@ from tsoracle.store.retry import GaveUp, RetryPolicy, retrying
 
 T = TypeVar("T")
 COCKROACH_GC_TTL_S = 600
+CONNECT_TIMEOUT_S = 5.0  # unless the URL sets connect_timeout
 # How long a deployment change waits for its table lock before it backs off and tries again.
 LOCK_WAIT_MS = 200
 # Seconds of network silence after which a connection counts as lost (see _network_options).
@@ -146,7 +147,7 @@ class _PgPinned(Pinned):
 
         async def once() -> Rows:
             if self.conn is None or self.cur is None:
-                self.conn = await self.backend._pool().getconn()
+                self.conn = await self.backend.check_out()
                 self.cur = self.conn.cursor()
             try:
                 await self.cur.execute(query, params, prepare=True)
@@ -155,29 +156,27 @@ class _PgPinned(Pinned):
                 await self.close()  # the pool throws a broken connection away
                 raise
 
-        return await self.backend._run(once)
+        return await self.backend.retried(once)
 
     async def close(self) -> None:
         if self.conn is not None:
             conn, self.conn, self.cur = self.conn, None, None
-            if self.backend.pool is not None:
-                await self.backend.pool.putconn(conn)
+            await self.backend.check_in(conn)
 
 
 class PostgresBackend(Backend):
     dialect: PostgresDialect
     pooled = True
 
-    def __init__(self, *args: Any, pool_size: int = 10, connect_timeout: float = 5.0,
-                 **kwargs: Any) -> None:
-        kwargs.pop("create", None)  # databases are created by their administrator
-        super().__init__(*args, **kwargs)
-        self.pool_size = pool_size
-        # The URL's own connect_timeout (libpq's) also bounds opening: connect, probe, pool.
+    # `create` does not apply: a database is created by its administrator.
+    pool: psycopg_pool.AsyncConnectionPool | None = None  # while open
+
+    @cached_property
+    def connect_timeout(self) -> float:
+        """Seconds that opening (connect, probe, pool) may take: the URL's own
+        connect_timeout (libpq's) if it sets one."""
         given = str(conninfo_to_dict(self.url.dsn).get("connect_timeout") or "")
-        self.connect_timeout = float(given) if given.isdigit() and int(given) > 0 \
-            else connect_timeout
-        self.pool: psycopg_pool.AsyncConnectionPool | None = None
+        return float(given) if given.isdigit() and int(given) > 0 else CONNECT_TIMEOUT_S
 
     async def open(self) -> None:
         async def probe() -> str:
@@ -275,7 +274,17 @@ class PostgresBackend(Backend):
     def pinned(self) -> Pinned:
         return _PgPinned(self)
 
-    async def close(self) -> None:
+    async def check_out(self) -> psycopg.AsyncConnection:
+        """A connection of the pool for the caller alone, until it gives it back (`check_in`)."""
+        return await self._pool().getconn()
+
+    async def check_in(self, conn: psycopg.AsyncConnection) -> None:
+        """Give back a `check_out` connection (the pool throws a broken one away); after
+        `close` there is nothing to give it back to."""
+        if self.pool is not None:
+            await self.pool.putconn(conn)
+
+    async def _close_connections(self) -> None:
         if self.pool is not None:
             await self.pool.close()
             self.pool = None
@@ -291,7 +300,7 @@ class PostgresBackend(Backend):
                 cur = await conn.execute(query, params, prepare=prepare)
                 return await cur.fetchall() if cur.description else []
 
-        return await self._run(once)
+        return await self.retried(once)
 
     async def transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
         pool = self._pool()
@@ -300,7 +309,7 @@ class PostgresBackend(Backend):
             async with pool.connection() as conn, conn.transaction():
                 return await body(_PgTx(conn, self.dialect))
 
-        return await self._run(once)
+        return await self.retried(once)
 
     async def execute_ddl(self, statement: Any) -> None:
         """Run DDL unprepared (PostgreSQL cannot PREPARE it)."""
@@ -310,7 +319,7 @@ class PostgresBackend(Backend):
             async with pool.connection() as conn:
                 await conn.execute(statement, prepare=False)
 
-        await self._run(once)
+        await self.retried(once)
 
     async def table_exists(self, table: str) -> bool:
         rows = await self.fetch(

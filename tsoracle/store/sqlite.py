@@ -21,9 +21,10 @@ from functools import lru_cache
 from typing import Any, TypeVar
 
 from tsoracle.errors import NotInitialized, OracleClosed, OracleError, OracleUnavailable
-from tsoracle.store.backend import Backend, Rows, Tx
+from tsoracle.store.backend import DEFAULT_POOL_SIZE, Backend, Rows, Tx
 from tsoracle.store.dialect import Dialect, substitute
-from tsoracle.store.retry import GaveUp
+from tsoracle.store.retry import GaveUp, RetryPolicy
+from tsoracle.store.url import BackendURL
 
 T = TypeVar("T")
 _BUSY_MS = 5000
@@ -68,11 +69,16 @@ class _SqliteTx(Tx):
 class SqliteBackend(Backend):
     dialect: SqliteDialect
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.pop("pool_size", None)
-        kwargs.pop("connect_timeout", None)
-        self.create = kwargs.pop("create", False)
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        url: BackendURL,
+        *,
+        retry: RetryPolicy | None = None,
+        on_retry: Callable[[str], None] | None = None,
+        pool_size: int = DEFAULT_POOL_SIZE,  # one connection whatever the size
+        create: bool = False,
+    ) -> None:
+        super().__init__(url, retry=retry, on_retry=on_retry, pool_size=pool_size, create=create)
         self.dialect = SqliteDialect(self.url.schema)
         # One connection, one thread: sqlite3 objects must not be used from two threads at once.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tsoracle-sqlite")
@@ -103,7 +109,7 @@ class SqliteBackend(Backend):
         conn.execute("PRAGMA synchronous = FULL")
         return conn
 
-    async def close(self) -> None:
+    async def _close_connections(self) -> None:
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await self._call(conn.close)
@@ -115,7 +121,7 @@ class SqliteBackend(Backend):
             async with self._lock:
                 return await self._call(self._execute, template, params)
 
-        return await self._run(once)
+        return await self.retried(once)
 
     async def transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
         async def once() -> T:
@@ -129,7 +135,7 @@ class SqliteBackend(Backend):
                 await self._call(self._raw, "COMMIT")
                 return result
 
-        return await self._run(once)
+        return await self.retried(once)
 
     async def execute_ddl(self, statement: Any) -> None:
         await self.fetch(statement)

@@ -40,7 +40,8 @@ async def flip_backend(backend: Backend, to: str, *, generation: int | None = No
                               stale=True)
         top: dict[str, int] = {}
         read_top: dict[str, int] = {}
-        for timeline, impl, read_ts, write_ts in rows:
+        for timeline_value, impl, read_ts, write_ts in rows:
+            timeline = str(timeline_value)
             read, write = backend.dec(read_ts), backend.dec(write_ts)
             if dep.implementation == to and impl != to:
                 continue  # already there: report the target's own position

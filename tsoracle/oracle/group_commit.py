@@ -5,14 +5,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from tsoracle.errors import OracleClosed, OracleError
-from tsoracle.oracle.api import TimestampOracle
+from tsoracle.oracle.api import WriteTimestamp
 
 log = logging.getLogger(__name__)
 
 P = TypeVar("P")
+
+
+class Stamper(Protocol):
+    """The two oracle operations a group commit uses: any TimestampOracle, or a wrapper that
+    reopens one (the Spark tables' client)."""
+
+    async def write_ts(self) -> WriteTimestamp: ...
+
+    async def apply_write(self, ts: int) -> None: ...
 
 
 class Conflict(Exception):
@@ -36,7 +45,7 @@ class GroupCommitter(Generic[P]):
 
     def __init__(
         self,
-        oracle: TimestampOracle,
+        oracle: Stamper,
         append: Callable[[int, list[P]], Awaitable[None]],
         *,
         max_group: int = 10_000,

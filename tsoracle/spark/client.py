@@ -13,8 +13,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar, cast
 
 from tsoracle.errors import ConfigError, OracleClosed
 from tsoracle.extras import needs_extra
@@ -48,6 +48,9 @@ class OracleClient:
         self._lock = threading.Lock()
         self._shut = False
         self._closed_cache: dict[str, tuple[float, int]] = {}
+        # What the resource's status said when found through one (from_resource), else None.
+        self.resource_epoch: int | None = None
+        self.resource_implementation: str | None = None
         self.committers: list[Any] = []  # the tables' group committers (see close)
         self.backend: Backend = self._runner.run(self._open_catalog())
 
@@ -90,8 +93,8 @@ class OracleClient:
                 config.load_kube_config()
             api_client = client.ApiClient()
         try:
-            obj = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name)
+            obj = cast(dict[str, Any], client.CustomObjectsApi(
+                api_client).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
         except client.exceptions.ApiException as exc:
             raise _resource_problem(exc, namespace, name) from None
         spec = parse_spec(obj.get("spec") or {})
@@ -176,8 +179,8 @@ class OracleClient:
         self._closed_cache[timeline] = (time.monotonic() if at is None else at, best)
         return best
 
-    def run(self, coro: Awaitable[T]) -> T:
-        return self._runner.run(coro)  # type: ignore[arg-type]
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._runner.run(coro)
 
     # --- tables ------------------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ commit at or below it, and let Spark sum the diffs per row.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import operator
 import time
 import uuid
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from pyspark.sql.types import DecimalType, IntegerType, StringType, StructField,
 
 from tsoracle.errors import ConfigError, OracleError
 from tsoracle.oracle import GroupCommitter, common_timeline
+from tsoracle.oracle.api import WriteTimestamp
 from tsoracle.oracle.group_commit import Conflict
 from tsoracle.spark import catalog
 from tsoracle.spark.catalog import TableInfo
@@ -48,9 +51,10 @@ def _reserved(name: str) -> bool:
 def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """Hadoop's file system for `path` and the path itself: one way to reach files, for local
     paths and URIs (file:, hdfs:, s3a:, ...) alike."""
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    target = jvm.org.apache.hadoop.fs.Path(path)
-    return target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), target  # type: ignore[attr-defined]
+    # The JVM gateway is not part of PySpark's typed API: reached as Any.
+    context: Any = spark.sparkContext
+    target = context._jvm.org.apache.hadoop.fs.Path(path)
+    return target.getFileSystem(context._jsc.hadoopConfiguration()), target
 
 
 def _delete(spark: SparkSession, path: str) -> None:
@@ -89,7 +93,7 @@ class _Stamper:
     def __init__(self, client: OracleClient, timeline: str) -> None:
         self.client, self.timeline = client, timeline
 
-    async def write_ts(self) -> Any:
+    async def write_ts(self) -> WriteTimestamp:
         return await self.client.acall(lambda o: o.write_ts(), self.timeline)
 
     async def apply_write(self, ts: int) -> None:
@@ -112,7 +116,7 @@ class TimestampedTable:
         self.before_commit: Callable[[int], None] | None = None
         self.after_commit: Callable[[int], None] | None = None
         self._written: dict[int, tuple[str, str, object]] = {}  # files kept for a retry
-        self._committer = GroupCommitter(_Stamper(client, info.timeline),  # type: ignore[arg-type]
+        self._committer = GroupCommitter(_Stamper(client, info.timeline),
                                          self._append_group, durable_appends=True,
                                          abandon=self._abandon)
         client.committers.append(self._committer)
@@ -204,9 +208,7 @@ class TimestampedTable:
     def _check_keys(self, df: DataFrame) -> None:
         if not self.info.keys:
             return
-        nulls = None
-        for k in self.info.keys:
-            nulls = F.col(k).isNull() if nulls is None else nulls | F.col(k).isNull()
+        nulls = functools.reduce(operator.or_, (F.col(k).isNull() for k in self.info.keys))
         if df.where(nulls).limit(1).count():
             raise ConfigError(f"NULL in a key column of {self.name!r} "
                               f"({', '.join(self.info.keys)}); keys must not be NULL")

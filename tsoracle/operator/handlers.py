@@ -285,6 +285,7 @@ async def deleted(name: str, namespace: str, spec: kopf.Spec, meta: kopf.Meta, b
 
 async def _drop_or_release(backend: Backend, spec: OracleSpec, owner: Owner, body: kopf.Body,
                            ref: str, what: str) -> None:
+    """`what` ("drop" or "release") to the deployment in the schema, if this resource owns it."""
     found = await find_deployment(backend)
     if found is None:
         log.info("%s: deleted; schema %r holds no tsoracle deployment, nothing to %s",

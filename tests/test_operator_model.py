@@ -1,5 +1,6 @@
 """The operator's decisions as pure functions, without an API server: the plan of a reconcile
-pass, the spec, the conditions and the status patch. tests/test_operator.py runs them for real."""
+pass, the spec, the Degraded reason of a failure, the conditions, the status patch and the
+settings. tests/test_operator.py runs them for real."""
 
 from __future__ import annotations
 
@@ -7,19 +8,29 @@ import datetime as dt
 
 import pytest
 
-from tsoracle.errors import ConfigError
+from tsoracle.errors import ConfigError, Fenced, OracleUnavailable
 from tsoracle.fencing import Deployment
 from tsoracle.operator.model import (
     Condition,
+    FinishRollout,
+    Flip,
     Observation,
+    Outcome,
     Plan,
+    PublishFlip,
+    SetFencing,
+    degraded,
     merge_conditions,
     needs_provisioning,
     plan,
+    published_degraded_reason,
     status_patch,
+    still_due,
 )
+from tsoracle.operator.ownership import OwnershipProblem
+from tsoracle.operator.settings import OperatorSettings, for_command, from_environment
 from tsoracle.oracle.status import Status
-from tsoracle.resource import parse_spec
+from tsoracle.resource import SecretProblem, parse_spec
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, 0, tzinfo=dt.UTC)
 SPEC = parse_spec({"backend": {"urlSecretRef": {"name": "db"}}, "implementation": "distributed",
@@ -35,8 +46,12 @@ def status(epoch: int = 3, implementation: str = "distributed", **extra: object)
     return {"epoch": epoch, "activeImplementation": implementation, **extra}
 
 
+def steps(found: Deployment, published: dict, spec=SPEC, generation: int = 7) -> tuple:
+    return plan(Observation(spec, found, published, generation, NOW)).steps
+
+
 def test_a_deployment_as_specified_needs_nothing():
-    assert plan(SPEC, dep(), status(), NOW) == Plan()
+    assert plan(Observation(SPEC, dep(), status(), 7, NOW)) == Plan()
 
 
 @pytest.mark.parametrize(("found", "has_timelines", "expected"),
@@ -46,32 +61,80 @@ def test_provisioning_is_needed_for_a_missing_deployment_or_timeline(found, has_
     assert needs_provisioning(found, has_timelines) is expected
 
 
-def test_a_changed_implementation_is_flipped_and_a_changed_mode_set():
-    todo = plan(SPEC, dep(implementation="legacy", fence="Always"), status(), NOW)
-    assert todo.flip_to == "distributed" and todo.set_fencing
+def test_a_changed_mode_is_set_then_a_changed_implementation_flipped():
+    # Both carry the resource's generation: the backend refuses an older one's request.
+    assert steps(dep(implementation="legacy", fence="Always"), status()) == \
+        (SetFencing("Rollout", 7), Flip("distributed", 7))
 
 
 def test_a_flip_that_committed_but_was_never_published_is_reported():
     # The operator died between the flip (epoch 4, legacy) and publishing it (still 3).
-    todo = plan(SPEC, dep(epoch=4, implementation="legacy"),
-                status(3, "distributed"), NOW)
-    assert todo.resume_flip and not todo.finish_rollout
-    assert not plan(SPEC, dep(epoch=4), status(3, "distributed"), NOW).resume_flip
-    assert not plan(SPEC, dep(epoch=4, implementation="legacy"), {}, NOW).resume_flip
+    assert steps(dep(epoch=4, implementation="legacy"), status(3, "distributed")) == \
+        (Flip("distributed", 7), PublishFlip(3))
+    assert steps(dep(epoch=4), status(3, "distributed")) == ()
+    assert steps(dep(epoch=4, implementation="legacy"), {}) == (Flip("distributed", 7),)
+
+
+def test_an_unreported_flip_is_reported_before_its_rollout_ends():
+    found = dep(epoch=4, implementation="legacy", rollout=True)
+    spec = parse_spec({"backend": {"urlSecretRef": {"name": "db"}}, "implementation": "legacy",
+                       "fencing": "Rollout"})
+    assert steps(found, status(3, "distributed"), spec) == (PublishFlip(3),)
 
 
 @pytest.mark.parametrize(("flipped_s_ago", "over"), [(10, False), (30, True), (300, True)])
 def test_a_rollout_ends_when_its_window_has_passed(flipped_s_ago, over):
     since = (NOW - dt.timedelta(seconds=flipped_s_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    todo = plan(SPEC, dep(rollout=True), status(lastFlipTime=since), NOW)
-    assert todo.finish_rollout is over
+    todo = steps(dep(rollout=True), status(lastFlipTime=since))
+    assert todo == ((FinishRollout(),) if over else ())
 
 
 def test_leaving_rollout_mode_ends_the_rollout_without_a_separate_step():
     spec = parse_spec({"backend": {"urlSecretRef": {"name": "db"}}, "fencing": "Always"})
-    assert plan(spec, dep(rollout=True), status(), NOW).set_fencing
-    # The handler plans again from what set_fencing returned: the flag is already cleared.
-    assert plan(spec, dep(fence="Always", rollout=False), status(), NOW) == Plan()
+    assert steps(dep(rollout=True), status(), spec) == (SetFencing("Always", 7), FinishRollout())
+    # The executor checks each step against the deployment the steps before it returned:
+    # SetFencing cleared the flag, so there is no rollout left to finish...
+    assert not still_due(FinishRollout(), dep(fence="Always", rollout=False), flipped=False)
+    # ...unless the backend refused the change (an older generation): then it still is.
+    assert still_due(FinishRollout(), dep(rollout=True), flipped=False)
+
+
+def test_a_flip_published_in_a_pass_leaves_the_rest_to_the_next_pass():
+    for step in (PublishFlip(3), FinishRollout()):
+        assert not still_due(step, dep(rollout=True), flipped=True)
+    for step in (SetFencing("Always", 1), Flip("legacy", 1)):
+        assert still_due(step, dep(), flipped=True) and still_due(step, dep(), flipped=False)
+    assert still_due(PublishFlip(3), dep(), flipped=False)
+
+
+URL = "postgresql://tso:hunter2@db.internal:5432/app"
+
+
+@pytest.mark.parametrize(("exc", "url", "reason"), [
+    (SecretProblem("SecretNotLabelled", "m"), None, "SecretNotLabelled"),
+    (OwnershipProblem("SchemaInUse", "m"), URL, "SchemaInUse"),
+    (ConfigError("bad spec"), None, "InvalidSpec"),
+    (ConfigError("bad url"), URL, "BadURL"),
+    (OracleUnavailable("down"), URL, "BackendUnavailable"),
+    (Fenced("moved"), URL, "Fenced"),
+])
+def test_a_failure_is_published_as_its_reason(exc, url, reason):
+    assert degraded(exc, url)[0] == reason
+
+
+def test_a_failure_message_never_holds_the_url():
+    reason, message = degraded(OracleUnavailable(f"cannot reach {URL} (db.internal)"), URL)
+    assert reason == "BackendUnavailable"
+    assert "hunter2" not in message and "db.internal" not in message and "<backend>" in message
+
+
+def test_the_published_degraded_reason_is_read_from_the_conditions():
+    conditions = [{"type": "Ready", "status": "False", "reason": "SchemaInUse"},
+                  {"type": "Degraded", "status": "True", "reason": "SchemaInUse"}]
+    assert published_degraded_reason({"conditions": conditions}) == "SchemaInUse"
+    conditions[1]["status"] = "False"
+    assert published_degraded_reason({"conditions": conditions}) == ""
+    assert published_degraded_reason({}) == ""
 
 
 @pytest.mark.parametrize(("spec", "names"), [
@@ -96,8 +159,8 @@ def test_a_condition_keeps_its_transition_time_until_its_status_changes():
 
 
 def test_a_degraded_pass_publishes_its_reason_and_is_not_ready():
-    obs = Observation(provisioned=True, degraded_reason="SchemaInUse", degraded_message="m")
-    patch = status_patch(obs, SPEC, {}, 7, "t")
+    outcome = Outcome(provisioned=True, degraded_reason="SchemaInUse", degraded_message="m")
+    patch = status_patch(outcome, SPEC, {}, 7, "t")
     by_type = {c["type"]: c for c in patch["conditions"]}
     assert by_type["Ready"]["status"] == "False" and by_type["Ready"]["reason"] == "SchemaInUse"
     assert by_type["Degraded"]["status"] == "True" and by_type["Degraded"]["message"] == "m"
@@ -106,8 +169,43 @@ def test_a_degraded_pass_publishes_its_reason_and_is_not_ready():
 
 def test_a_healthy_pass_publishes_the_deployment():
     st = Status(dep(epoch=5), [])
-    patch = status_patch(Observation(provisioned=True, status=st, bootstrap={"a": 9}),
-                         SPEC, {}, 2, "t")
+    patch = status_patch(Outcome(provisioned=True, status=st, bootstrap={"a": 9},
+                                 flip_time="2026-11-23T12:00:00Z"), SPEC, {}, 2, "t")
     assert patch["epoch"] == 5 and patch["activeImplementation"] == "distributed"
     assert patch["bootstrapTimestamp"] == {"a": "9"}
+    assert patch["lastFlipTime"] == "2026-11-23T12:00:00Z"
+    assert "lastFlipTime" not in status_patch(Outcome(provisioned=True, status=st), SPEC, {}, 2,
+                                              "t")
     assert {c["type"]: c["status"] for c in patch["conditions"]}["Ready"] == "True"
+
+
+def test_kopf_run_reads_its_settings_from_the_environment_alone():
+    env = {"TSORACLE_LEASE_NAMESPACE": "ops", "TSORACLE_LEASE_OWNER": "tso",
+           "TSORACLE_WATCH_NAMESPACES": "a,,b", "POD_NAMESPACE": "pod"}
+    assert from_environment(env) == OperatorSettings(namespaces=("a", "b"),
+                                                     lease_namespace="ops", lease_owner="tso")
+    # Without the Lease's namespace it runs alone: POD_NAMESPACE is for `tsoracle operator`.
+    assert from_environment({"POD_NAMESPACE": "pod"}).lease_namespace is None
+
+
+@pytest.mark.parametrize(("flag", "env", "expected"), [
+    ("flag", {"TSORACLE_LEASE_NAMESPACE": "env", "POD_NAMESPACE": "pod"}, "flag"),
+    (None, {"TSORACLE_LEASE_NAMESPACE": "env", "POD_NAMESPACE": "pod"}, "env"),
+    (None, {"POD_NAMESPACE": "pod"}, "pod"),
+    (None, {}, None),
+])
+def test_tsoracle_operator_takes_the_lease_namespace_from_flag_then_environment(flag, env,
+                                                                                 expected):
+    got = for_command(namespaces=[], lease_namespace=flag, lease_name=None, environ=env)
+    assert got.lease_namespace == expected and got.lease_name == "tsoracle-operator"
+
+
+def test_tsoracle_operator_flags_win_over_the_environment():
+    env = {"TSORACLE_LEASE_NAME": "env-lease", "TSORACLE_WATCH_NAMESPACES": "x",
+           "TSORACLE_LEASE_OWNER": "tso"}  # the chart sets the owner
+    got = for_command(namespaces=["a"], lease_namespace="ops", lease_name="flag-lease",
+                      environ=env)
+    assert got == OperatorSettings(namespaces=("a",), lease_namespace="ops",
+                                   lease_name="flag-lease", lease_owner="tso")
+    assert for_command(namespaces=[], lease_namespace=None, lease_name=None,
+                       environ=env).lease_name == "env-lease"

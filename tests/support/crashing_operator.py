@@ -8,10 +8,10 @@ import os
 import sys
 
 from tsoracle import cli
-from tsoracle.operator import handlers
+from tsoracle.operator import execute
 from tsoracle.oracle.flip import FlipResult
 
-real_flip = handlers.flip_backend
+real_flip = execute.flip_backend
 
 
 async def flip_then_crash(*args: object, **kwargs: object) -> FlipResult:
@@ -21,7 +21,7 @@ async def flip_then_crash(*args: object, **kwargs: object) -> FlipResult:
     return result
 
 
-handlers.flip_backend = flip_then_crash  # type: ignore[assignment]
+execute.flip_backend = flip_then_crash  # type: ignore[assignment]
 
 if __name__ == "__main__":
     sys.exit(cli.main(sys.argv[1:]))

@@ -55,6 +55,7 @@ class LeaderLease:
         self._told_holder = ""  # the other holder we last said we stand by for
         self._holding = False  # as last told: "acquired" until "lost"
         self._told_failure = ""
+        self._task: asyncio.Task[None] | None = None
 
     def held(self) -> bool:
         # A margin below the lease duration: stop acting before another operator may start.
@@ -68,6 +69,16 @@ class LeaderLease:
             except TimeoutError:
                 pass
 
+    def start(self) -> None:
+        """Acquire and renew in the background (`run`) until `stop`."""
+        self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        """Stop renewing; `run` then releases the lease, so a successor starts at once."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
     async def run(self) -> None:
         """Acquire and renew until cancelled; then release, so a successor need not wait."""
         try:
@@ -75,25 +86,9 @@ class LeaderLease:
                 started = time.monotonic()
                 try:
                     if await asyncio.to_thread(self._try_acquire):
-                        was = self.held()
-                        self._held_until = started + DURATION_S - RENEW_EVERY_S
-                        if not was:
-                            if not self._holding:
-                                log.info("lease %s/%s acquired by %s", self.namespace,
-                                         self.name, self.identity)
-                            self._holding = True
-                            self._told_holder = ""
-                            self._changed.set()
+                        self._acquired(started)
                     else:
-                        self._held_until = 0.0
-                        if self._holding:  # also when paused past expiry: held() said no
-                            log.warning("lease %s/%s lost", self.namespace, self.name)
-                            self._holding = False
-                        holder = self._seen[0] if self._seen else ""
-                        if holder and holder != self._told_holder:
-                            log.info("lease %s/%s held by %s; standing by", self.namespace,
-                                     self.name, holder)
-                            self._told_holder = holder
+                        self._not_acquired()
                     self._told_failure = ""
                 except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
                     # urllib3's MaxRetryError (connection refused) is no OSError: without it
@@ -102,14 +97,36 @@ class LeaderLease:
                 await asyncio.sleep(RENEW_EVERY_S)
         finally:
             if self.held():
-                self._held_until = 0.0
-                try:
-                    await asyncio.to_thread(self._release)
-                    log.info("lease %s/%s released", self.namespace, self.name)
-                except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-                    log.warning("lease %s/%s not released (%s); a successor takes over once "
-                                "it expires", self.namespace, self.name,
-                                describe_api_error(exc))
+                await self._release_on_exit()
+
+    def _acquired(self, started: float) -> None:
+        was = self.held()
+        self._held_until = started + DURATION_S - RENEW_EVERY_S
+        if not was:
+            if not self._holding:
+                log.info("lease %s/%s acquired by %s", self.namespace, self.name, self.identity)
+            self._holding = True
+            self._told_holder = ""
+            self._changed.set()
+
+    def _not_acquired(self) -> None:
+        self._held_until = 0.0
+        if self._holding:  # also when paused past expiry: held() said no
+            log.warning("lease %s/%s lost", self.namespace, self.name)
+            self._holding = False
+        holder = self._seen[0] if self._seen else ""
+        if holder and holder != self._told_holder:
+            log.info("lease %s/%s held by %s; standing by", self.namespace, self.name, holder)
+            self._told_holder = holder
+
+    async def _release_on_exit(self) -> None:
+        self._held_until = 0.0
+        try:
+            await asyncio.to_thread(self._release)
+            log.info("lease %s/%s released", self.namespace, self.name)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            log.warning("lease %s/%s not released (%s); a successor takes over once it "
+                        "expires", self.namespace, self.name, describe_api_error(exc))
 
     def _tell_failure(self, exc: BaseException) -> None:
         """Once per cause: a starting API server's answers at INFO, the rest at WARNING."""
@@ -159,30 +176,38 @@ class LeaderLease:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            if self.held():
-                # Deleted under us (its owner Deployment was deleted or replaced): that is a
-                # loss, not a free Lease; a stale owner uid is looked up again.
-                self._owner_ref, self._owner_tried_at = None, -OWNER_RETRY_S
-                return False
-            body = client.V1Lease(
-                metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace,
-                                             owner_references=[owner] if owner else None),
-                spec=client.V1LeaseSpec(holder_identity=self.identity,
-                                        lease_duration_seconds=DURATION_S, acquire_time=now,
-                                        renew_time=now, lease_transitions=0))
-            try:
-                api.create_namespaced_lease(self.namespace, body)
-            except ApiException as exc2:
-                if exc2.status == 409:
-                    return False  # someone else created it first
-                if exc2.status != 403 or owner is None:
-                    raise
-                # Clusters enforcing owner-reference permissions want delete on the Lease to
-                # name an owner: a Lease without one still elects.
-                body.metadata.owner_references = None
-                self._owner_ref, self._owner_tried_at = None, time.monotonic()
-                api.create_namespaced_lease(self.namespace, body)
-            return True
+            return self._create(api, now, owner)
+        return self._take_or_renew(api, lease, now, owner)
+
+    def _create(self, api: client.CoordinationV1Api, now: dt.datetime,
+                owner: client.V1OwnerReference | None) -> bool:
+        if self.held():
+            # Deleted under us (its owner Deployment was deleted or replaced): that is a
+            # loss, not a free Lease; a stale owner uid is looked up again.
+            self._owner_ref, self._owner_tried_at = None, -OWNER_RETRY_S
+            return False
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace,
+                                         owner_references=[owner] if owner else None),
+            spec=client.V1LeaseSpec(holder_identity=self.identity,
+                                    lease_duration_seconds=DURATION_S, acquire_time=now,
+                                    renew_time=now, lease_transitions=0))
+        try:
+            api.create_namespaced_lease(self.namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False  # someone else created it first
+            if exc.status != 403 or owner is None:
+                raise
+            # Clusters enforcing owner-reference permissions want delete on the Lease to
+            # name an owner: a Lease without one still elects.
+            body.metadata.owner_references = None
+            self._owner_ref, self._owner_tried_at = None, time.monotonic()
+            api.create_namespaced_lease(self.namespace, body)
+        return True
+
+    def _take_or_renew(self, api: client.CoordinationV1Api, lease: client.V1Lease,
+                       now: dt.datetime, owner: client.V1OwnerReference | None) -> bool:
         spec = lease.spec or client.V1LeaseSpec()
         holder = spec.holder_identity or ""
         record = (holder, spec.renew_time)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from tsoracle.operator.redact import redact_addresses
+
 # While the operator is this young, an API server that answers 429/503 or refuses connections
 # is one still starting (the operator is usually started with it): INFO. Later it is an outage:
 # WARNING. Neither is an error: the request is retried.
@@ -152,15 +154,28 @@ class KopfLogs(logging.Filter):
         return True
 
 
+class _RedactPoolLogs(logging.Filter):
+    """psycopg's pool logs connection failures with the server's address: keep it out."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact_addresses(record.getMessage())
+        record.args = None
+        return True
+
+
 class _Urllib3Retries(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("Retrying (")
 
 
 def install(verbose: bool) -> None:
-    """Quiet kopf's per-handler chatter (`Handler 'spec_changed/spec' succeeded.`, `Activity
-    'configure' succeeded.`) unless verbose, and put KopfLogs where kopf's records pass: on
-    `kopf.objects` (before its Event poster sees them) and on the root handlers (the rest)."""
+    """Keep server addresses out of psycopg's pool logs; quiet kopf's per-handler chatter
+    (`Handler 'spec_changed/spec' succeeded.`, `Activity 'configure' succeeded.`) unless
+    verbose, and put KopfLogs where kopf's records pass: on `kopf.objects` (before its Event
+    poster sees them) and on the root handlers (the rest)."""
+    pool_log = logging.getLogger("psycopg.pool")
+    if not any(isinstance(f, _RedactPoolLogs) for f in pool_log.filters):
+        pool_log.addFilter(_RedactPoolLogs())
     if not verbose:
         for name in ("kopf.objects", "kopf.activities", "kopf._core.engines.activities"):
             logging.getLogger(name).setLevel(logging.WARNING)

@@ -8,6 +8,7 @@ import kopf
 from prometheus_client import start_http_server
 
 import tsoracle.operator  # noqa: F401  (registers the handlers)
+from tsoracle.operator.settings import for_command
 
 
 def run_operator(*, namespaces: list[str], liveness_port: int, metrics_port: int,
@@ -15,19 +16,8 @@ def run_operator(*, namespaces: list[str], liveness_port: int, metrics_port: int
                  lease_name: str | None = None) -> None:
     """Reconciles only while holding the Lease (see operator/lease.py); without a lease
     namespace (flag, $TSORACLE_LEASE_NAMESPACE or $POD_NAMESPACE) it runs alone."""
-    from tsoracle.operator.handlers import (
-        LEASE_NAME_ENV,
-        LEASE_NAMESPACE_ENV,
-        WATCH_NAMESPACES_ENV,
-    )
-
-    lease_namespace = (lease_namespace or os.environ.get(LEASE_NAMESPACE_ENV)
-                       or os.environ.get("POD_NAMESPACE"))
-    if lease_namespace:
-        os.environ[LEASE_NAMESPACE_ENV] = lease_namespace
-    if lease_name:
-        os.environ[LEASE_NAME_ENV] = lease_name
-    os.environ[WATCH_NAMESPACES_ENV] = ",".join(namespaces)  # for the start-up probe
+    settings = for_command(namespaces=namespaces, lease_namespace=lease_namespace,
+                           lease_name=lease_name)
     # libpq names the session, so a DBA sees the operator's sessions in pg_stat_activity.
     os.environ.setdefault("PGAPPNAME", "tsoracle-operator")
     kopf.configure(verbose=False)  # INFO logs in kopf's format; object bodies only at DEBUG
@@ -38,4 +28,5 @@ def run_operator(*, namespaces: list[str], liveness_port: int, metrics_port: int
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=f"http://{bind}:{liveness_port}/healthz" if liveness_port else None,
+        memo=kopf.Memo(settings=settings),  # handlers.configure picks them up
     )

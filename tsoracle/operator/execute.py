@@ -1,0 +1,157 @@
+"""What a reconcile pass does to the backend: take hold of the deployment (`hold`), then carry
+out the steps `model.plan` decided (`run`), one short function per step, each telling what it
+did (log line, Event, metrics)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, assert_never
+
+import kopf
+
+from tsoracle.fencing import IMPLEMENTATIONS, Deployment, finish_rollout, set_fencing
+from tsoracle.operator import metrics
+from tsoracle.operator.model import (
+    TIME_FORMAT,
+    FinishRollout,
+    Flip,
+    Plan,
+    PublishFlip,
+    SetFencing,
+    Step,
+    needs_provisioning,
+    still_due,
+)
+from tsoracle.operator.ownership import Owner, check_ownership
+from tsoracle.oracle.flip import flip_backend
+from tsoracle.oracle.provision import claim, find_deployment, provision
+from tsoracle.resource import OracleSpec
+from tsoracle.store import Backend
+
+log = logging.getLogger("tsoracle.operator")
+
+
+def now_text() -> str:
+    return dt.datetime.now(dt.UTC).strftime(TIME_FORMAT)
+
+
+async def hold(backend: Backend, spec: OracleSpec, owner: Owner, old_status: dict[str, Any],
+               ref: str) -> Deployment:
+    """The deployment `owner` acts on: provisioned where something is missing, and claimed.
+    Raises OwnershipProblem where the schema is not, or no longer, this resource's."""
+    found = await find_deployment(backend)
+    check_ownership(found, owner, spec.schema, old_status)
+    has_timelines = found is not None and await _has_timelines(backend, spec.timelines)
+    if needs_provisioning(found, has_timelines):
+        made = await provision(backend, spec.timelines, implementation=spec.implementation,
+                               owner=owner.tag)
+        if found is None or made.created:
+            log.info("%s: provisioned schema %r: implementation %s, epoch %d, timelines "
+                     "created %s", ref, spec.schema, made.deployment.implementation,
+                     made.deployment.epoch, ", ".join(made.created) or "none")
+    dep = await claim(backend, owner.tag)
+    check_ownership(dep, owner, spec.schema, {})  # another resource seeded it first
+    if found is not None and not found.owner:
+        log.info("%s: adopted schema %r (nobody owned it): implementation %s, epoch %d",
+                 ref, spec.schema, dep.implementation, dep.epoch)
+    return dep
+
+
+async def _has_timelines(backend: Backend, timelines: tuple[str, ...]) -> bool:
+    rows = await backend.fetch("SELECT DISTINCT timeline FROM {timestamps}")
+    return set(timelines) <= {r[0] for r in rows}
+
+
+@dataclass
+class Pass:
+    """What the steps of one pass share: where they act, and what the steps before left."""
+
+    backend: Backend
+    body: kopf.Body  # the resource, for its Events
+    ref: str  # namespace/name, for the log
+    dep: Deployment  # as the backend last returned it
+    flipped: bool = False  # a flip was published (Event posted)
+    bootstrap: dict[str, int] = field(default_factory=dict)  # ... from that flip
+    flip_time: str = ""
+
+
+async def run(todo: Plan, p: Pass) -> Pass:
+    """Carry out the plan's steps in order, each only while it is still due."""
+    for step in todo.steps:
+        if still_due(step, p.dep, p.flipped):
+            await _perform(step, p)
+    return p
+
+
+async def _perform(step: Step, p: Pass) -> None:
+    match step:
+        case SetFencing():
+            await _set_fencing(step, p)
+        case Flip():
+            await _flip(step, p)
+        case PublishFlip():
+            await _publish_flip(step, p)
+        case FinishRollout():
+            await _finish_rollout(p)
+        case _:
+            assert_never(step)
+
+
+async def _set_fencing(step: SetFencing, p: Pass) -> None:
+    before = p.dep.fence
+    p.dep = await set_fencing(p.backend, step.mode, generation=step.generation)
+    if p.dep.fence != before:
+        log.info("%s: fencing %s -> %s (epoch %d)", p.ref, before, p.dep.fence, p.dep.epoch)
+    else:
+        log.info("%s: fencing %s asked for by generation %d, older than the one the "
+                 "backend applied; left at %s", p.ref, step.mode, step.generation, p.dep.fence)
+
+
+async def _flip(step: Flip, p: Pass) -> None:
+    log.info("%s: flip started: %s -> %s, epoch %d (generation %d)", p.ref,
+             p.dep.implementation, step.to, p.dep.epoch, step.generation)
+    t0 = time.perf_counter()
+    flipped = await flip_backend(p.backend, step.to, generation=step.generation)
+    if flipped.changed:
+        took = time.perf_counter() - t0
+        metrics.FLIP_SECONDS.observe(took)
+        metrics.FLIPS.labels(step.to).inc()
+        log.info("%s: flip finished: %s -> %s, epoch %d -> %d in %.0f ms; bootstrap %s",
+                 p.ref, flipped.previous, flipped.implementation, p.dep.epoch, flipped.epoch,
+                 took * 1000, _bootstrap_text(flipped.bootstrap))
+        _published(p, flipped.previous, flipped.implementation, flipped.epoch,
+                   flipped.bootstrap)
+    elif flipped.stale:
+        log.info("%s: flip to %s not applied: generation %d is older than the one the "
+                 "backend applied; left as it is", p.ref, step.to, step.generation)
+    else:
+        log.info("%s: flip to %s changed nothing: %s is active at epoch %d", p.ref,
+                 step.to, flipped.implementation, flipped.epoch)
+
+
+async def _publish_flip(step: PublishFlip, p: Pass) -> None:
+    # A flip to the active implementation changes nothing and reports its position.
+    position = await flip_backend(p.backend, p.dep.implementation)
+    previous = next(i for i in IMPLEMENTATIONS if i != p.dep.implementation)
+    log.info("%s: flip finished: %s -> %s, epoch %s -> %d (committed by an earlier "
+             "pass, published now); bootstrap %s", p.ref, previous, p.dep.implementation,
+             step.published_epoch, p.dep.epoch, _bootstrap_text(position.bootstrap))
+    _published(p, previous, p.dep.implementation, p.dep.epoch, position.bootstrap)
+
+
+async def _finish_rollout(p: Pass) -> None:
+    await finish_rollout(p.backend)
+    log.info("%s: rollout window over: only the inactive implementation is fenced now", p.ref)
+
+
+def _published(p: Pass, previous: str, to: str, epoch: int, bootstrap: dict[str, int]) -> None:
+    p.flipped, p.bootstrap, p.flip_time = True, bootstrap, now_text()
+    kopf.info(p.body, reason="Flipped", message=f"implementation {previous} -> {to}, epoch "
+                                                f"{epoch}; bootstrap {_bootstrap_text(bootstrap)}")
+
+
+def _bootstrap_text(bootstrap: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(bootstrap.items()))

@@ -105,14 +105,23 @@ async def shut_down(memo: kopf.Memo, **_: Any) -> None:
     await rt.backends.close()
 
 
+def _namespaced(namespace: str | None) -> str:
+    # kopf types handlers for cluster-scoped resources too; ours is namespaced (crds/).
+    if namespace is None:
+        raise kopf.PermanentError("a TimestampOracle without a namespace: is the CRD installed "
+                                  "from crds/ (scope: Namespaced)?")
+    return namespace
+
+
 def _jitter(delay: float) -> float:
     # Resources created together would otherwise refresh in lock-step forever.
     return delay * random.uniform(0.9, 1.1)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
-async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo,
+async def reconcile_loop(name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo,
                          stopped: kopf.DaemonStopped, **_: Any) -> None:
+    namespace = _namespaced(namespace)
     rt = runtime(memo)
     wake = memo.setdefault("wake", asyncio.Event())
     story = logs.Story(f"{namespace}/{name}")
@@ -245,10 +254,11 @@ async def _publish(seen: _Reading, outcome: Outcome, story: logs.Story) -> None:
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def deleted(name: str, namespace: str, spec: kopf.Spec, meta: kopf.Meta, body: kopf.Body,
-                  memo: kopf.Memo, **_: Any) -> None:
+async def deleted(name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Meta,
+                  body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Honour deletionPolicy for what this resource owns: Delete drops tsoracle's tables,
     Retain gives up ownership so that a new resource may adopt them. Nothing else is touched."""
+    namespace = _namespaced(namespace)
     rt, ref = runtime(memo), f"{namespace}/{name}"
     try:
         parsed = parse_spec(spec)

@@ -62,7 +62,8 @@ def _probe(api: client.ApiClient, namespaces: Sequence[str]) -> str | None:
         return describe_api_error(exc)
     # A list through the watch cache, the request kopf starts with: it answers 429 "storage
     # is (re)initializing" until that cache is filled.
-    for ns in namespaces or [None]:
+    scopes: list[str | None] = [*namespaces] or [None]  # None: cluster-wide
+    for ns in scopes:
         try:
             if ns is None:
                 objects.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1,

@@ -43,7 +43,7 @@ class LeaderLease:
         self.namespace, self.name = namespace, name
         self.owner = owner
         self._owner_ref: client.V1OwnerReference | None = None
-        self._owner_tried_at = -OWNER_RETRY_S  # monotonic; a failed lookup is retried later
+        self._owner_tried_at: float = -OWNER_RETRY_S  # monotonic; a failed lookup is retried later
         self._owner_told = False
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._held_until = 0.0  # monotonic; renewals push it forward
@@ -162,9 +162,10 @@ class LeaderLease:
                                 self.namespace, self.name, self.owner, describe_api_error(exc))
                     self._owner_told = True
             else:
+                meta = dep.metadata or client.V1ObjectMeta()
                 self._owner_ref = client.V1OwnerReference(
-                    api_version="apps/v1", kind="Deployment", name=dep.metadata.name,
-                    uid=dep.metadata.uid)
+                    api_version="apps/v1", kind="Deployment", name=meta.name or self.owner,
+                    uid=meta.uid or "")
         return self._owner_ref
 
     def _try_acquire(self) -> bool:
@@ -186,9 +187,10 @@ class LeaderLease:
             # loss, not a free Lease; a stale owner uid is looked up again.
             self._owner_ref, self._owner_tried_at = None, -OWNER_RETRY_S
             return False
+        meta = client.V1ObjectMeta(name=self.name, namespace=self.namespace,
+                                   owner_references=[owner] if owner else None)
         body = client.V1Lease(
-            metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace,
-                                         owner_references=[owner] if owner else None),
+            metadata=meta,
             spec=client.V1LeaseSpec(holder_identity=self.identity,
                                     lease_duration_seconds=DURATION_S, acquire_time=now,
                                     renew_time=now, lease_transitions=0))
@@ -201,7 +203,7 @@ class LeaderLease:
                 raise
             # Clusters enforcing owner-reference permissions want delete on the Lease to
             # name an owner: a Lease without one still elects.
-            body.metadata.owner_references = None
+            meta.owner_references = None
             self._owner_ref, self._owner_tried_at = None, time.monotonic()
             api.create_namespaced_lease(self.namespace, body)
         return True
@@ -220,6 +222,7 @@ class LeaderLease:
         if holder != self.identity:
             spec.acquire_time = now
             spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        lease.metadata = lease.metadata or client.V1ObjectMeta()
         refs = lease.metadata.owner_references or []
         if owner and all(ref.uid != owner.uid for ref in refs):
             # A Lease from before the owner was set, or from a Deployment deleted and made again.

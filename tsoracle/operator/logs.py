@@ -56,8 +56,10 @@ class Story:
 
 
 def _body_message(body: object) -> str:
+    if not isinstance(body, str | bytes | bytearray):
+        return ""  # no body, or one the API client did not read
     try:
-        return str(json.loads(body)["message"])  # type: ignore[arg-type]
+        return str(json.loads(body)["message"])
     except (TypeError, ValueError, KeyError):
         return ""
 

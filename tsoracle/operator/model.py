@@ -131,11 +131,12 @@ def merge_conditions(old: list[Mapping[str, Any]] | None, new: list[Condition],
     out = []
     for c in new:
         before = previous.get(c.type)
-        changed = before is None or before.get("status") != c.status
+        since = now
+        if before is not None and before.get("status") == c.status:
+            since = before.get("lastTransitionTime", now)
         out.append({
             "type": c.type, "status": c.status, "reason": c.reason, "message": c.message,
-            "observedGeneration": generation,
-            "lastTransitionTime": now if changed else before.get("lastTransitionTime", now),
+            "observedGeneration": generation, "lastTransitionTime": since,
         })
     return out
 

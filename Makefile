@@ -5,19 +5,19 @@ PYTHON ?= python3
 OPS ?= 100000
 
 dev-cluster:  ## start PostgreSQL and a one-node cluster (root); last line is `export KUBECONFIG=…`
-	@$(PYTHON) tools/controlplane/cluster.py up
+	@$(PYTHON) -m tsoracle_dev.controlplane.cluster up
 
 images:  ## build the operator and pause images (OCI archives) and import them into the dev node
-	@$(PYTHON) tools/images/build.py --import
+	@$(PYTHON) -m tsoracle_dev.images --import
 
 spark-k8s-demo:  ## two Spark drivers with executor pods on the dev node, a flip between them
-	@$(PYTHON) tools/spark_k8s.py demo
+	@$(PYTHON) -m tsoracle_dev.spark_k8s demo
 
 dev-cluster-down:  ## stop it (pods, shims, interfaces too); etcd, PostgreSQL and images stay for the next `make dev-cluster`
-	@$(PYTHON) tools/controlplane/cluster.py down
+	@$(PYTHON) -m tsoracle_dev.controlplane.cluster down
 
 dev-cluster-reset:  ## stop it and delete its state: the next `make dev-cluster` starts empty
-	@$(PYTHON) tools/controlplane/cluster.py down --purge
+	@$(PYTHON) -m tsoracle_dev.controlplane.cluster down --purge
 
 test:
 	$(PYTHON) -m pytest -q
@@ -26,7 +26,7 @@ lint:  ## ruff and deptry, as CI runs them
 	bash .ci/lint
 
 lincheck:  ## every nemesis scenario x both implementations x both isolation levels, 3000 operations each (a few minutes)
-	$(PYTHON) tools/lincheck/runner.py all --min-ops 3000
+	$(PYTHON) -m tsoracle_dev.lincheck.runner all --min-ops 3000
 
 soak:  ## the same, long: make soak OPS=200000 (operations per scenario); not run in CI
-	$(PYTHON) tools/lincheck/runner.py soak --min-ops $(OPS)
+	$(PYTHON) -m tsoracle_dev.lincheck.runner soak --min-ops $(OPS)

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-import sys
+import os
+import subprocess
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from tsoracle_dev.controlplane.cluster import ControlPlane
+from tsoracle_dev.kube import Kube, Operator
+from tsoracle_dev.kubetools import tools_dir
+from tsoracle_dev.localpg import LocalPostgres
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tools" / "lincheck"))
-sys.path.insert(0, str(ROOT / "tests"))
 
 # Batched reads and confirmations pipeline at any round trip in the tests (the default starts
 # at 0.5 ms, which loopback never reaches): every suite runs with several batches in flight.
 # Subprocesses (workloads, lincheck workers) inherit it.
-import os  # noqa: E402
-
-from localpg import LocalPostgres  # noqa: E402
-
 os.environ.setdefault("TSORACLE_PIPELINE_FROM_RTT_MS", "0")
 
 BACKENDS = ["sqlite", "postgresql"]
@@ -99,15 +99,6 @@ def impl(request: pytest.FixtureRequest) -> str:
 
 
 # --- Kubernetes: a real API server (built from Go modules) and the chart's RBAC -------------
-
-import subprocess  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
-
-from cluster import ControlPlane  # noqa: E402
-from kubetools import tools_dir  # noqa: E402
-from support.kube import Kube, Operator  # noqa: E402
 
 
 def _reachable(kubeconfig: str, tools: Path) -> bool:

@@ -32,8 +32,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubetools import tools_dir
 from markdown_it import MarkdownIt
+
+from tsoracle_dev.controlplane.cluster import ControlPlane
+from tsoracle_dev.kubetools import tools_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
@@ -190,14 +192,11 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     """`make dev-cluster` as the docs use it, with its state in a folder of the test's own."""
     state = tmp_path_factory.mktemp("dev-cluster")
     env = {**user_env(), "TSORACLE_DEV_CLUSTER_STATE": str(state)}
-    sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
-    from cluster import ControlPlane
-
     ControlPlane(state).purge_when_this_process_exits()
     try:
         yield env
     finally:
-        subprocess.run([sys.executable, str(ROOT / "tools/controlplane/cluster.py"), "down",
+        subprocess.run([sys.executable, "-m", "tsoracle_dev.controlplane.cluster", "down",
                         "--purge", str(state)], capture_output=True, timeout=300)
 
 

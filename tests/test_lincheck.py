@@ -12,8 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import runner
-from broken import VARIANTS
+
+from tsoracle_dev.lincheck import runner
+from tsoracle_dev.lincheck.broken import VARIANTS
 
 CORPUS = Path(runner.HERE) / "corpus"
 MIN_OPS = 3000  # "a few thousand" per scenario

@@ -1,4 +1,4 @@
-"""tools/localpg.py as a user runs it, and the servers a test run starts going away with it."""
+"""tsoracle_dev.localpg as a user runs it, and the servers a test run starts going away with it."""
 
 from __future__ import annotations
 
@@ -14,21 +14,24 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tsoracle_dev.localpg import _alive as running_not_zombie
+from tsoracle_dev.localpg import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-LOCALPG = ROOT / "tools" / "localpg.py"
+LOCALPG = [sys.executable, "-m", "tsoracle_dev.localpg"]
 
 
 def localpg(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(LOCALPG), *args], capture_output=True, text=True,
+    return subprocess.run([*LOCALPG, *args], capture_output=True, text=True,
                           timeout=180, cwd="/")
 
 
 @pytest.mark.parametrize("args", [["--help"], ["start", "--help"], ["stop", "-h"]])
 def test_help_starts_nothing(args, tmp_path):
-    proc = subprocess.run([sys.executable, str(LOCALPG), *args], capture_output=True, text=True,
+    proc = subprocess.run([*LOCALPG, *args], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "usage: localpg.py" in proc.stdout
+    assert "usage: tsoracle-localpg" in proc.stdout
     assert list(tmp_path.iterdir()) == []  # once made a server in a folder named `--help`
 
 
@@ -51,7 +54,7 @@ def test_port_and_private_parent_left_alone(tmp_path):
     parent = tmp_path / "private"
     parent.mkdir(mode=0o700)
     modes = {p: p.stat().st_mode for p in [parent, *parent.parents]}
-    port = _free_port()
+    port = free_port()
     server = parent / "pg"
     try:
         url = localpg("start", str(server), "--port", str(port))
@@ -71,13 +74,7 @@ def test_port_and_private_parent_left_alone(tmp_path):
     assert stat.S_IMODE(parent.stat().st_mode) == 0o700
 
 
-def _free_port() -> int:
-    from localpg import free_port
-    return free_port()
-
-
 def _alive(pid: int) -> bool:
-    from localpg import _alive as running_not_zombie
     return running_not_zombie(pid)
 
 

@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images spark-k8s-demo test lint lincheck soak
+.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images spark-k8s-demo test test-fast lint lincheck soak
 
 OPS ?= 100000
 
@@ -19,8 +19,11 @@ dev-cluster-down:  ## stop it (pods, shims, interfaces too); etcd, PostgreSQL an
 dev-cluster-reset:  ## stop it and delete its state: the next `make dev-cluster` starts empty
 	@$(PYTHON) -m tsoracle_dev.controlplane.cluster down --purge
 
-test:
+test:  ## the whole suite, as CI runs it (about half an hour)
 	$(PYTHON) -m pytest -q
+
+test-fast:  ## the tests that start no PostgreSQL, API server, node or Spark (about a minute)
+	$(PYTHON) -m pytest -q -m "not (pg or kube or node or spark or slow)"
 
 lint:  ## ruff and deptry, as CI runs them
 	bash .ci/lint

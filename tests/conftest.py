@@ -42,7 +42,44 @@ def _parametrized_by_test(metafunc: pytest.Metafunc, name: str) -> bool:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "url" in metafunc.fixturenames and not _parametrized_by_test(metafunc, "url"):
         serializable = metafunc.definition.get_closest_marker("serializable") is not None
-        metafunc.parametrize("url", BACKENDS + [SERIALIZABLE] * serializable, indirect=True)
+        backends = BACKENDS + [SERIALIZABLE] * serializable
+        metafunc.parametrize("url", [pytest.param(b, marks=() if b == "sqlite" else pytest.mark.pg)
+                                     for b in backends], indirect=True)
+
+
+# --- Tiers: each test is marked with what it needs (pyproject.toml registers the markers) ----
+# `make test-fast` runs the tests that need none of them. A fixture of this table anywhere
+# among a test's fixtures marks the test; the `url` fixture's PostgreSQL parameters carry `pg`
+# (above); modules that start servers themselves mark their tests by hand.
+FIXTURE_TIERS = {
+    "pg": "pg",  # pg_url, database and every fixture over them request it
+    "kube": "kube",  # chart, oracle_ns
+    "spark": "spark",
+    # test_images.py: image builds (debootstrap, minutes when cold) and a containerd of its own
+    "archives": "slow", "spark_archive": "slow", "containerd": "node",
+}
+_running: dict[str, pytest.Item] = {}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in sorted(FIXTURE_TIERS.keys() & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(FIXTURE_TIERS[name])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running["item"] = item
+
+
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object]) -> None:
+    """A fixture of the table started for a test without its marker (requested at run time,
+    as `url` requests `pg`) fails that test: the fast tier must never start one."""
+    tier = FIXTURE_TIERS.get(fixturedef.argname)
+    item = _running.get("item")
+    if tier and item is not None and item.get_closest_marker(tier) is None:
+        pytest.fail(f"{item.nodeid} sets up `{fixturedef.argname}` but is not marked "
+                    f"`{tier}` (tests/conftest.py, FIXTURE_TIERS)", pytrace=False)
 
 
 @pytest.fixture(scope="session")

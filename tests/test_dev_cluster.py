@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tsoracle_dev.kubetools import tools_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +29,9 @@ def kubectl(kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, env={**os.environ, "KUBECONFIG": kubeconfig})
 
 
+@pytest.mark.pg
+@pytest.mark.kube
+@pytest.mark.node
 def test_down_keeps_state_and_purge_starts_empty(tmp_path):
     state = str(tmp_path / "dev")
     try:
@@ -85,6 +90,9 @@ def _container_id(kubeconfig: str) -> str:
     return statuses[0].get("containerID", "") if running else ""
 
 
+@pytest.mark.pg
+@pytest.mark.kube
+@pytest.mark.node
 def test_node_versions_and_down_leaves_no_process_or_interface(tmp_path):
     """Each component reports its real version; `down` stops containers and shims and removes
     the bridge and the Service rules; `up` brings the same pods back."""

@@ -48,6 +48,8 @@ NEEDS = {"docs/operator.md": "cluster", "docs/spark.md": "cluster",
          "docs/observability.md": "cluster"}
 # The order pages run in on the one dev cluster: the chart is installed by docs/operator.md.
 CLUSTER_ORDER = ["docs/operator.md", "docs/spark.md", "docs/observability.md"]
+# Pages whose blocks start servers themselves (tsoracle-localpg), for the test tiers.
+PAGE_TIERS = {"docs/performance.md": pytest.mark.pg}
 # Text replaced before running, to keep the suite short; the command is otherwise as written.
 FASTER = {"docs/performance.md": [("--duration 3", "--duration 0.3")]}
 
@@ -176,7 +178,7 @@ SIMPLE = sorted(str(p.relative_to(ROOT)) for p in PAGES
                 if runnable(str(p.relative_to(ROOT))) and str(p.relative_to(ROOT)) not in NEEDS)
 
 
-@pytest.mark.parametrize("page", SIMPLE)
+@pytest.mark.parametrize("page", [pytest.param(p, marks=PAGE_TIERS.get(p, ())) for p in SIMPLE])
 def test_page_runs_on_the_embedded_default(page: str, tmp_path: Path) -> None:
     run_page(page, Session(tmp_path, user_env()))
 
@@ -200,6 +202,9 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                         "--purge", str(state)], capture_output=True, timeout=300)
 
 
+@pytest.mark.pg
+@pytest.mark.kube
+@pytest.mark.node
 @pytest.mark.parametrize("page", CLUSTER_ORDER)
 def test_page_runs_on_the_dev_cluster(page: str, dev_cluster: dict[str, str],
                                       tmp_path: Path) -> None:

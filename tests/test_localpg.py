@@ -49,6 +49,7 @@ def test_bad_arguments_say_what_is_wrong(args, message):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.pg
 def test_port_and_private_parent_left_alone(tmp_path):
     """`--port` is honoured; a folder the server user cannot enter keeps its mode."""
     parent = tmp_path / "private"
@@ -94,8 +95,11 @@ def _signal_state(pid: int) -> str:
     return " ".join(line for line in lines if line.startswith(("State", "Sig")))
 
 
-@pytest.mark.parametrize("how, with_kube", [(signal.SIGINT, True), (signal.SIGKILL, False)],
-                         ids=["interrupted", "killed"])
+@pytest.mark.pg
+@pytest.mark.parametrize("how, with_kube", [
+    pytest.param(signal.SIGINT, True, id="interrupted", marks=pytest.mark.kube),
+    pytest.param(signal.SIGKILL, False, id="killed"),
+])
 def test_servers_go_when_the_run_is_interrupted_or_killed(how, with_kube, tmp_path):
     """Ctrl-C (SIGINT to the whole process group) or SIGKILL of a pytest run: its PostgreSQL
     (and API server, etcd) stop and their folders are deleted."""

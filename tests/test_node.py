@@ -29,6 +29,8 @@ from tsoracle_dev.kube import Kube, is_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
+pytestmark = [pytest.mark.node, pytest.mark.kube, pytest.mark.pg]  # the module's own cluster
+
 RELEASE, SYSTEM = "tsoracle", "tsoracle-system"
 NS = "orders-app"
 OPERATOR_SA = f"system:serviceaccount:{SYSTEM}:tsoracle"

@@ -16,6 +16,8 @@ from tsoracle_dev.lincheck.history import check
 from tsoracle_dev.localpg import LocalPostgres
 from tsoracle_dev.workload import Recorder
 
+pytestmark = pytest.mark.pg  # the session's server and servers of the tests' own
+
 COUNTER = "counter:server"
 
 

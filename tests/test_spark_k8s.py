@@ -27,6 +27,9 @@ from tsoracle_dev.kube import Kube, is_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The module's own cluster, and spark-submit (a JVM) on this host.
+pytestmark = [pytest.mark.node, pytest.mark.kube, pytest.mark.pg, pytest.mark.spark]
+
 NS, SA = "etl", "spark"
 DRIVER_SA = f"system:serviceaccount:{NS}:{SA}"
 EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"

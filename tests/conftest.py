@@ -58,7 +58,6 @@ FIXTURE_TIERS = {
     # test_images.py: image builds (debootstrap, minutes when cold) and a containerd of its own
     "archives": "slow", "spark_archive": "slow", "containerd": "node",
 }
-_running: dict[str, pytest.Item] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -67,19 +66,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(FIXTURE_TIERS[name])
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    _running["item"] = item
+class TierGuard:
+    """A fixture of the table set up for a test without its marker (requested at run time, as
+    `url` requests `pg`) fails that test: the fast tier must never start one. A plugin, not
+    conftest hooks: pytest asks a session-scoped fixture's hooks of the session, at the rootdir,
+    where this conftest does not apply."""
+
+    def __init__(self) -> None:
+        self.item: pytest.Item | None = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.item = item
+
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[object]) -> None:
+        tier = FIXTURE_TIERS.get(fixturedef.argname)
+        if tier and self.item is not None and self.item.get_closest_marker(tier) is None:
+            pytest.fail(f"{self.item.nodeid} sets up `{fixturedef.argname}` but is not marked "
+                        f"`{tier}` (tests/conftest.py, FIXTURE_TIERS)", pytrace=False)
 
 
-def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object]) -> None:
-    """A fixture of the table started for a test without its marker (requested at run time,
-    as `url` requests `pg`) fails that test: the fast tier must never start one."""
-    tier = FIXTURE_TIERS.get(fixturedef.argname)
-    item = _running.get("item")
-    if tier and item is not None and item.get_closest_marker(tier) is None:
-        pytest.fail(f"{item.nodeid} sets up `{fixturedef.argname}` but is not marked "
-                    f"`{tier}` (tests/conftest.py, FIXTURE_TIERS)", pytrace=False)
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TierGuard(), "tsoracle-tier-guard")
 
 
 @pytest.fixture(scope="session")

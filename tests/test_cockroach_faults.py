@@ -1,4 +1,4 @@
-"""CockroachDB's failure shape, made on a real PostgreSQL (tools/pgfaults.py): statements that
+"""CockroachDB's failure shape, made on a real PostgreSQL (tsoracle_dev.pgfaults): statements that
 fail with SQLSTATE 40001 before they apply, and replies lost after the server applied them.
 
 No CockroachDB binary can run on these machines; the errors it returns can, and that is what

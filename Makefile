@@ -1,32 +1,35 @@
 PYTHON ?= python3
 
-.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images spark-k8s-demo test lint lincheck soak
+.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images spark-k8s-demo test test-fast lint lincheck soak
 
 OPS ?= 100000
 
 dev-cluster:  ## start PostgreSQL and a one-node cluster (root); last line is `export KUBECONFIG=…`
-	@$(PYTHON) tools/controlplane/cluster.py up
+	@$(PYTHON) -m tsoracle_dev.controlplane.cluster up
 
 images:  ## build the operator and pause images (OCI archives) and import them into the dev node
-	@$(PYTHON) tools/images/build.py --import
+	@$(PYTHON) -m tsoracle_dev.images --import
 
 spark-k8s-demo:  ## two Spark drivers with executor pods on the dev node, a flip between them
-	@$(PYTHON) tools/spark_k8s.py demo
+	@$(PYTHON) -m tsoracle_dev.spark_k8s demo
 
 dev-cluster-down:  ## stop it (pods, shims, interfaces too); etcd, PostgreSQL and images stay for the next `make dev-cluster`
-	@$(PYTHON) tools/controlplane/cluster.py down
+	@$(PYTHON) -m tsoracle_dev.controlplane.cluster down
 
 dev-cluster-reset:  ## stop it and delete its state: the next `make dev-cluster` starts empty
-	@$(PYTHON) tools/controlplane/cluster.py down --purge
+	@$(PYTHON) -m tsoracle_dev.controlplane.cluster down --purge
 
-test:
+test:  ## the whole suite, as CI runs it (about half an hour)
 	$(PYTHON) -m pytest -q
+
+test-fast:  ## the tests that start no PostgreSQL, API server, node or Spark (about a minute)
+	$(PYTHON) -m pytest -q -m "not (pg or kube or node or spark or slow)"
 
 lint:  ## ruff and deptry, as CI runs them
 	bash .ci/lint
 
 lincheck:  ## every nemesis scenario x both implementations x both isolation levels, 3000 operations each (a few minutes)
-	$(PYTHON) tools/lincheck/runner.py all --min-ops 3000
+	$(PYTHON) -m tsoracle_dev.lincheck.runner all --min-ops 3000
 
 soak:  ## the same, long: make soak OPS=200000 (operations per scenario); not run in CI
-	$(PYTHON) tools/lincheck/runner.py soak --min-ops $(OPS)
+	$(PYTHON) -m tsoracle_dev.lincheck.runner soak --min-ops $(OPS)

@@ -8,7 +8,7 @@ fenced writers reopen.
 
     python bench/flip_contention.py --writers 0 --writers 16 --writers 64 --flips 5
 
-Starts its own PostgreSQL (tools/localpg.py); SERIALIZABLE runs use a database whose
+Starts its own PostgreSQL (tsoracle_dev.localpg); SERIALIZABLE runs use a database whose
 default_transaction_isolation is serializable, as on CockroachDB.
 """
 
@@ -24,14 +24,10 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-
-from localpg import LocalPostgres  # noqa: E402
-
-import tsoracle  # noqa: E402
-from tsoracle.oracle.flip import flip_backend  # noqa: E402
-from tsoracle.store import RetryPolicy, open_backend, parse_url  # noqa: E402
+import tsoracle
+from tsoracle.oracle.flip import flip_backend
+from tsoracle.store import RetryPolicy, open_backend, parse_url
+from tsoracle_dev.localpg import LocalPostgres
 
 TIMELINE = "counter:bench"
 

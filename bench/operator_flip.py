@@ -8,7 +8,7 @@ once.
 
     python bench/operator_flip.py --count 1 --count 50 --count 100
 
-Starts its own local control plane (tools/controlplane) and PostgreSQL (tools/localpg.py); the
+Starts its own local control plane (tsoracle_dev.controlplane) and PostgreSQL (localpg); the
 operator runs as a local process with the admin kubeconfig.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -25,13 +24,11 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tools" / "controlplane"), str(ROOT / "tests")]
-
-from cluster import ControlPlane  # noqa: E402
-from kubetools import tools_dir  # noqa: E402
-from localpg import LocalPostgres  # noqa: E402
-from support.kube import Kube, Operator, is_ready  # noqa: E402
+from tsoracle_dev import CHECKOUT
+from tsoracle_dev.controlplane.cluster import ControlPlane
+from tsoracle_dev.kube import Kube, Operator, is_ready
+from tsoracle_dev.kubetools import tools_dir
+from tsoracle_dev.localpg import LocalPostgres
 
 GROUP, VERSION, PLURAL = "tsoracle.io", "v1alpha1", "timestamporacles"
 
@@ -113,7 +110,7 @@ def main() -> None:
         work = Path(tmp)
         plane = ControlPlane(work / "cp", postgres=False)
         kube = Kube(plane.up(), tools_dir())
-        kube.kubectl("apply", "-f", str(ROOT / "crds"))
+        kube.kubectl("apply", "-f", str(CHECKOUT / "crds"))
         kube.kubectl("wait", "--for=condition=established", "crd/" + PLURAL + "." + GROUP)
         pg = LocalPostgres(work / "pg")
         pg.start()

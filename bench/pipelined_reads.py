@@ -7,7 +7,7 @@ of the round trip measured through the relay in the same run (a bare single-row 
     python bench/pipelined_reads.py --rtt-ms 0,1,5 --concurrency 1,64,512 --depth 1,8 \
         --json docs/data/pipelined-reads.json --plot docs/img/pipelined-reads.png
 
-Starts its own PostgreSQL (tools/localpg.py). The event loop is uvloop when it is installed;
+Starts its own PostgreSQL (tsoracle_dev.localpg). The event loop is uvloop when it is installed;
 `--event-loop asyncio` measures asyncio's own (tsoracle/eventloop.py).
 """
 
@@ -22,21 +22,17 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-
-from localpg import LocalPostgres  # noqa: E402
-
-from tsoracle import eventloop  # noqa: E402
-from tsoracle.bench import (  # noqa: E402
+from tsoracle import eventloop
+from tsoracle.bench import (
     TIMELINE,
     bench_url,
     probe_asyncio_ceiling,
     probe_bare_select,
     run_one,
 )
-from tsoracle.latency import relayed  # noqa: E402
-from tsoracle.oracle import init  # noqa: E402
+from tsoracle.latency import relayed
+from tsoracle.oracle import init
+from tsoracle_dev.localpg import LocalPostgres
 
 
 def _csv(kind: type) -> Any:

@@ -11,14 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
-
-from spark_local import local_spark_client  # noqa: E402
+from tsoracle_dev.spark_local import local_spark_client
 
 
 def timed_read(table) -> float:  # noqa: ANN001

@@ -14,15 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
-
-from spark_local import local_spark_client  # noqa: E402
+from tsoracle_dev.spark_local import local_spark_client
 
 
 def main() -> None:

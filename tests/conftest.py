@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-import sys
+import os
+import subprocess
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from tsoracle_dev.controlplane.cluster import ControlPlane
+from tsoracle_dev.kube import Kube, Operator
+from tsoracle_dev.kubetools import tools_dir
+from tsoracle_dev.localpg import LocalPostgres
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tools" / "lincheck"))
-sys.path.insert(0, str(ROOT / "tests"))
 
 # Batched reads and confirmations pipeline at any round trip in the tests (the default starts
 # at 0.5 ms, which loopback never reaches): every suite runs with several batches in flight.
 # Subprocesses (workloads, lincheck workers) inherit it.
-import os  # noqa: E402
-
-from localpg import LocalPostgres  # noqa: E402
-
 os.environ.setdefault("TSORACLE_PIPELINE_FROM_RTT_MS", "0")
 
 BACKENDS = ["sqlite", "postgresql"]
@@ -42,7 +42,52 @@ def _parametrized_by_test(metafunc: pytest.Metafunc, name: str) -> bool:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "url" in metafunc.fixturenames and not _parametrized_by_test(metafunc, "url"):
         serializable = metafunc.definition.get_closest_marker("serializable") is not None
-        metafunc.parametrize("url", BACKENDS + [SERIALIZABLE] * serializable, indirect=True)
+        backends = BACKENDS + [SERIALIZABLE] * serializable
+        metafunc.parametrize("url", [pytest.param(b, marks=() if b == "sqlite" else pytest.mark.pg)
+                                     for b in backends], indirect=True)
+
+
+# --- Tiers: each test is marked with what it needs (pyproject.toml registers the markers) ----
+# `make test-fast` runs the tests that need none of them. A fixture of this table anywhere
+# among a test's fixtures marks the test; the `url` fixture's PostgreSQL parameters carry `pg`
+# (above); modules that start servers themselves mark their tests by hand.
+FIXTURE_TIERS = {
+    "pg": "pg",  # pg_url, database and every fixture over them request it
+    "kube": "kube",  # chart, oracle_ns
+    "spark": "spark",
+    # test_images.py: image builds (debootstrap, minutes when cold) and a containerd of its own
+    "archives": "slow", "spark_archive": "slow", "containerd": "node",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in sorted(FIXTURE_TIERS.keys() & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(FIXTURE_TIERS[name])
+
+
+class TierGuard:
+    """A fixture of the table set up for a test without its marker (requested at run time, as
+    `url` requests `pg`) fails that test: the fast tier must never start one. A plugin, not
+    conftest hooks: pytest asks a session-scoped fixture's hooks of the session, at the rootdir,
+    where this conftest does not apply."""
+
+    def __init__(self) -> None:
+        self.item: pytest.Item | None = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.item = item
+
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[object]) -> None:
+        tier = FIXTURE_TIERS.get(fixturedef.argname)
+        if tier and self.item is not None and self.item.get_closest_marker(tier) is None:
+            pytest.fail(f"{self.item.nodeid} sets up `{fixturedef.argname}` but is not marked "
+                        f"`{tier}` (tests/conftest.py, FIXTURE_TIERS)", pytrace=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TierGuard(), "tsoracle-tier-guard")
 
 
 @pytest.fixture(scope="session")
@@ -99,15 +144,6 @@ def impl(request: pytest.FixtureRequest) -> str:
 
 
 # --- Kubernetes: a real API server (built from Go modules) and the chart's RBAC -------------
-
-import subprocess  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
-
-from cluster import ControlPlane  # noqa: E402
-from kubetools import tools_dir  # noqa: E402
-from support.kube import Kube, Operator  # noqa: E402
 
 
 def _reachable(kubeconfig: str, tools: Path) -> bool:

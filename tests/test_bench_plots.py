@@ -1,4 +1,4 @@
-"""tools/plots/bench_plots.py draws the committed bench run (docs/data/bench-read.json)."""
+"""tsoracle_dev.bench_plots draws the committed bench run (docs/data/bench-read.json)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tools" / "plots" / "bench_plots.py"
+SCRIPT = [sys.executable, "-m", "tsoracle_dev.bench_plots"]
 REPORT = ROOT / "docs" / "data" / "bench-read.json"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+    return subprocess.run([*SCRIPT, *args], capture_output=True, text=True,
                           timeout=120)
 
 

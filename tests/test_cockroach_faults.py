@@ -1,4 +1,4 @@
-"""CockroachDB's failure shape, made on a real PostgreSQL (tools/pgfaults.py): statements that
+"""CockroachDB's failure shape, made on a real PostgreSQL (tsoracle_dev.pgfaults): statements that
 fail with SQLSTATE 40001 before they apply, and replies lost after the server applied them.
 
 No CockroachDB binary can run on these machines; the errors it returns can, and that is what
@@ -13,9 +13,6 @@ import logging
 import uuid
 
 import pytest
-from history import check
-from pgfaults import LossyRelay, SerializationFaults
-from support.workload import Recorder
 
 import tsoracle
 from tsoracle.fencing import ensure_tables, tables_exist
@@ -23,6 +20,9 @@ from tsoracle.oracle.connect import admin_backend
 from tsoracle.oracle.metrics import RETRIES
 from tsoracle.store import RetryPolicy, schema
 from tsoracle.store.postgres import is_cockroach
+from tsoracle_dev.lincheck.history import check
+from tsoracle_dev.pgfaults import LossyRelay, SerializationFaults
+from tsoracle_dev.workload import Recorder
 
 COUNTER = "counter:crdb"
 RATES = [0.05, 0.30]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from support.clock import FakeClock
 
 import tsoracle
+from tests.support.clock import FakeClock
 from tsoracle.store import U64_MAX
 
 pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)

@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.spark
 def test_the_demo_runs_and_checks_its_invariants(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TSORACLE_URL"}
     proc = subprocess.run(

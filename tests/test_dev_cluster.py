@@ -1,4 +1,4 @@
-"""`make dev-cluster` and friends: the control-plane script as a user runs it."""
+"""`make dev-cluster` and friends: the control-plane command as a user runs it."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import sys
 import time
 from pathlib import Path
 
-from kubetools import tools_dir
+import pytest
+
+from tsoracle_dev.kubetools import tools_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-CLUSTER = ROOT / "tools" / "controlplane" / "cluster.py"
+CLUSTER = [sys.executable, "-m", "tsoracle_dev.controlplane.cluster"]
 
 
 def cluster(*args: str) -> str:
-    proc = subprocess.run([sys.executable, str(CLUSTER), *args], capture_output=True, text=True,
+    proc = subprocess.run([*CLUSTER, *args], capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -27,6 +29,9 @@ def kubectl(kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, env={**os.environ, "KUBECONFIG": kubeconfig})
 
 
+@pytest.mark.pg
+@pytest.mark.kube
+@pytest.mark.node
 def test_down_keeps_state_and_purge_starts_empty(tmp_path):
     state = str(tmp_path / "dev")
     try:
@@ -52,7 +57,7 @@ def test_down_keeps_state_and_purge_starts_empty(tmp_path):
 
 
 def test_bad_arguments_print_usage():
-    proc = subprocess.run([sys.executable, str(CLUSTER), "up", "--purge"], capture_output=True,
+    proc = subprocess.run([*CLUSTER, "up", "--purge"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert "down --purge" in proc.stderr
@@ -85,6 +90,9 @@ def _container_id(kubeconfig: str) -> str:
     return statuses[0].get("containerID", "") if running else ""
 
 
+@pytest.mark.pg
+@pytest.mark.kube
+@pytest.mark.node
 def test_node_versions_and_down_leaves_no_process_or_interface(tmp_path):
     """Each component reports its real version; `down` stops containers and shims and removes
     the bridge and the Service rules; `up` brings the same pods back."""

@@ -32,8 +32,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubetools import tools_dir
 from markdown_it import MarkdownIt
+
+from tsoracle_dev.controlplane.cluster import ControlPlane
+from tsoracle_dev.kubetools import tools_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
@@ -46,6 +48,8 @@ NEEDS = {"docs/operator.md": "cluster", "docs/spark.md": "cluster",
          "docs/observability.md": "cluster"}
 # The order pages run in on the one dev cluster: the chart is installed by docs/operator.md.
 CLUSTER_ORDER = ["docs/operator.md", "docs/spark.md", "docs/observability.md"]
+# Pages whose blocks start servers themselves (tsoracle-localpg), for the test tiers.
+PAGE_TIERS = {"docs/performance.md": pytest.mark.pg}
 # Text replaced before running, to keep the suite short; the command is otherwise as written.
 FASTER = {"docs/performance.md": [("--duration 3", "--duration 0.3")]}
 
@@ -174,7 +178,7 @@ SIMPLE = sorted(str(p.relative_to(ROOT)) for p in PAGES
                 if runnable(str(p.relative_to(ROOT))) and str(p.relative_to(ROOT)) not in NEEDS)
 
 
-@pytest.mark.parametrize("page", SIMPLE)
+@pytest.mark.parametrize("page", [pytest.param(p, marks=PAGE_TIERS.get(p, ())) for p in SIMPLE])
 def test_page_runs_on_the_embedded_default(page: str, tmp_path: Path) -> None:
     run_page(page, Session(tmp_path, user_env()))
 
@@ -190,17 +194,17 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     """`make dev-cluster` as the docs use it, with its state in a folder of the test's own."""
     state = tmp_path_factory.mktemp("dev-cluster")
     env = {**user_env(), "TSORACLE_DEV_CLUSTER_STATE": str(state)}
-    sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
-    from cluster import ControlPlane
-
     ControlPlane(state).purge_when_this_process_exits()
     try:
         yield env
     finally:
-        subprocess.run([sys.executable, str(ROOT / "tools/controlplane/cluster.py"), "down",
+        subprocess.run([sys.executable, "-m", "tsoracle_dev.controlplane.cluster", "down",
                         "--purge", str(state)], capture_output=True, timeout=300)
 
 
+@pytest.mark.pg
+@pytest.mark.kube
+@pytest.mark.node
 @pytest.mark.parametrize("page", CLUSTER_ORDER)
 def test_page_runs_on_the_dev_cluster(page: str, dev_cluster: dict[str, str],
                                       tmp_path: Path) -> None:

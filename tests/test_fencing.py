@@ -6,10 +6,10 @@ import asyncio
 import time
 
 import pytest
-from history import check, load
-from support.workload import Workload
 
 import tsoracle
+from tsoracle_dev.lincheck.history import check, load
+from tsoracle_dev.workload import Workload
 
 pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
 

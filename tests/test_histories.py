@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from history import Op, check, load
-from support.workload import Recorder, Workload
 
 import tsoracle
+from tsoracle_dev.lincheck.history import Op, check, load
+from tsoracle_dev.workload import Recorder, Workload
 
 pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
 

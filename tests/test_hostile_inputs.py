@@ -18,11 +18,11 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from support.kube import Operator, condition
 
 import tsoracle
 from tsoracle.operator.redact import redact
 from tsoracle.store import parse_url
+from tsoracle_dev.kube import Operator, condition
 
 PASSWORDS = ["s3cr/et", "1234/Secret", "pa#ss-word", "wh?at=now", "p@ss:w0rd", "100%sure",
              "Sp ace'quote", "UPPERlowerMix"]

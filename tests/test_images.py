@@ -1,5 +1,5 @@
-"""tools/images: the Dockerfile follows the image recipe, and the archives built without Docker
-import into containerd under the chart's names and run as the chart runs them."""
+"""tsoracle_dev.images: the Dockerfile follows the image recipe, and the archives built without
+Docker import into containerd under the chart's names and run as the chart runs them."""
 
 from __future__ import annotations
 
@@ -23,13 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from tsoracle_dev import images
+from tsoracle_dev.controlplane.cluster import K8S_VERSION
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools" / "images"))
-
-import images  # noqa: E402
-
 DOCKERFILE = ROOT / "Dockerfile"
-BUILD = ROOT / "tools" / "images" / "build.py"
+BUILD = [sys.executable, "-m", "tsoracle_dev.images"]
 
 
 # --- the Dockerfile and the recipe ----------------------------------------------------------
@@ -106,7 +105,7 @@ def mismatches(text: str, spec: images.ImageSpec) -> dict[str, tuple[object, obj
 
 def test_dockerfile_follows_the_image_recipe():
     assert mismatches(DOCKERFILE.read_text(), images.OPERATOR) == {}, \
-        "Dockerfile vs tools/images/images.toml [operator] (Dockerfile value, recipe value)"
+        "Dockerfile vs tsoracle_dev/images/images.toml [operator] (Dockerfile value, recipe value)"
 
 
 # Each edit of the Dockerfile must be caught, by the field it changes.
@@ -171,7 +170,7 @@ def test_normalise_names_as_containerd_does(reference, name):
 
 def test_import_without_a_dev_cluster_says_what_to_do(tmp_path):
     env = {**os.environ, "TSORACLE_DEV_CLUSTER_STATE": str(tmp_path / "none")}
-    proc = subprocess.run([sys.executable, str(BUILD), "--import"], capture_output=True,
+    proc = subprocess.run([*BUILD, "--import"], capture_output=True,
                           text=True, env=env, timeout=60)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
@@ -341,7 +340,7 @@ def test_archive_blobs_digests_and_layers(archives):
 
 def test_a_warm_build_takes_seconds_and_reports_the_archives(archives):
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(BUILD), "-o", "json"], capture_output=True,
+    proc = subprocess.run([*BUILD, "-o", "json"], capture_output=True,
                           text=True, timeout=300, check=True)
     elapsed = time.monotonic() - started
     report = {r["image"]: r for r in json.loads(proc.stdout)}
@@ -390,19 +389,12 @@ def test_the_operator_image_has_only_the_operator_extra(containerd, imported):
 def test_the_pause_image_runs(containerd, imported):
     proc = ctr_run(containerd, images.PAUSE_IMAGE, "/pause", "-v")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == f"pause.c v{images.PAUSE_TAG}-{_k8s_version()}"
-
-
-def _k8s_version() -> str:
-    sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
-    from cluster import K8S_VERSION
-
-    return K8S_VERSION
+    assert proc.stdout.strip() == f"pause.c v{images.PAUSE_TAG}-{K8S_VERSION}"
 
 
 # --- the Spark image -------------------------------------------------------------------------
 
-ENTRYPOINT = ROOT / "tools" / "images" / "spark-entrypoint.sh"
+ENTRYPOINT = ROOT / "tools" / "tsoracle_dev" / "images" / "spark-entrypoint.sh"
 # Spark's Kubernetes scheduler sets these on executor pods (spark-kubernetes' Constants and
 # BasicExecutorFeatureStep); the values are what an executor of a real application gets.
 EXECUTOR_ENV = {
@@ -449,7 +441,7 @@ def test_the_spark_reference_is_tsoracle_spark_at_the_app_version():
         f"docker.io/library/tsoracle-spark:{images.app_version()}"
     assert images.SPARK.entrypoint == ("/opt/tsoracle-spark/entrypoint.sh",)
     assert dict(images.SPARK.files) == {
-        "/opt/tsoracle-spark/entrypoint.sh": "tools/images/spark-entrypoint.sh",
+        "/opt/tsoracle-spark/entrypoint.sh": "tools/tsoracle_dev/images/spark-entrypoint.sh",
         "/opt/tsoracle-spark/examples/pipeline.py": "examples/spark/pipeline.py"}
     assert {"python3", "python3-venv", "openjdk-17-jre-headless"} <= set(images.SPARK.packages)
     # operator: the Kubernetes client, for OracleClient.from_resource in a driver pod.
@@ -518,7 +510,7 @@ def test_the_spark_archive_imports_under_its_name(spark_imported):
 
 def test_a_warm_spark_build_takes_seconds(spark_archive):
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(BUILD), "--spark", "-o", "json"],
+    proc = subprocess.run([*BUILD, "--spark", "-o", "json"],
                           capture_output=True, text=True, timeout=300, check=True)
     elapsed = time.monotonic() - started
     report = {r["image"]: r for r in json.loads(proc.stdout)}

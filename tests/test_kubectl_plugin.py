@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.kube import is_ready
 
 from tsoracle.kubectl.api import PluginError
 from tsoracle.kubectl.fencing import fencing_args
 from tsoracle.kubectl.status import age
 from tsoracle.redact import redact_texts, redacted_secret, secret_texts
+from tsoracle_dev.kube import is_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"

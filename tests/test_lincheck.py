@@ -12,17 +12,21 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import runner
-from broken import VARIANTS
+
+from tsoracle_dev.lincheck import runner
+from tsoracle_dev.lincheck.broken import VARIANTS
 
 CORPUS = Path(runner.HERE) / "corpus"
 MIN_OPS = 3000  # "a few thousand" per scenario
+# Tiers: the checker is a Go program, built (a minute or more) on first use, so the tests that
+# run it are `slow`; live runs start their own PostgreSQL and last seconds to minutes.
 
 
 def check(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(runner.checker_binary()), *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_checker_flags_the_regression_corpus(variant, tmp_path):
     html = tmp_path / "violation.html"
@@ -43,6 +47,7 @@ def _history(path: Path, run: str, proc: int, t0: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_checker_refuses_histories_of_two_runs(tmp_path):
     # The same write timestamp in two runs is no violation; checked together it would be one.
     a = _history(tmp_path / "worker-0.jsonl", "run-a", 0, 1_000)
@@ -53,6 +58,7 @@ def test_checker_refuses_histories_of_two_runs(tmp_path):
     assert check(str(a)).returncode == 0
 
 
+@pytest.mark.slow
 def test_checker_refuses_clock_readings_outside_the_run(tmp_path):
     a = _history(tmp_path / "worker-0.jsonl", "run-a", 0, 1_000)
     assert check("-window", "500,2000", str(a)).returncode == 0
@@ -61,6 +67,7 @@ def test_checker_refuses_clock_readings_outside_the_run(tmp_path):
     assert "outside the run" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("value", "verdict"), [(3, 0), (7, 1)])
 def test_a_stale_read_may_lag_but_never_pass_the_read_frontier(value, verdict, tmp_path):
     # fencing-modes records a legacy leader's reads under Disabled as stale-read: apply(5)
@@ -79,6 +86,7 @@ def test_a_stale_read_may_lag_but_never_pass_the_read_frontier(value, verdict, t
     assert check(str(path)).returncode == verdict
 
 
+@pytest.mark.slow
 def test_checker_refuses_a_history_without_its_run(tmp_path):
     plain = tmp_path / "old.jsonl.gz"
     data = gzip.decompress(next((CORPUS / "reuse-after-restart").glob("*.gz")).read_bytes())
@@ -94,6 +102,8 @@ def test_a_run_needs_an_empty_folder_of_its_own(tmp_path):
         runner.run("none", "distributed", out=tmp_path, min_ops=10)
 
 
+@pytest.mark.pg
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_broken_oracles_are_caught_live(variant, tmp_path):
     impl, scenario = (("distributed", "none") if variant == "read-past-unapplied"
@@ -103,6 +113,8 @@ def test_broken_oracles_are_caught_live(variant, tmp_path):
     assert (tmp_path / "violation.html").exists()
 
 
+@pytest.mark.pg
+@pytest.mark.slow
 @pytest.mark.parametrize(("scenario", "implementation", "isolation"), runner.combos())
 def test_scenario_is_linearizable(scenario, implementation, isolation, tmp_path):
     summary = runner.run(scenario, implementation, out=tmp_path, min_ops=MIN_OPS,

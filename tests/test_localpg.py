@@ -1,4 +1,4 @@
-"""tools/localpg.py as a user runs it, and the servers a test run starts going away with it."""
+"""tsoracle_dev.localpg as a user runs it, and the servers a test run starts going away with it."""
 
 from __future__ import annotations
 
@@ -14,21 +14,24 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tsoracle_dev.localpg import _alive as running_not_zombie
+from tsoracle_dev.localpg import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-LOCALPG = ROOT / "tools" / "localpg.py"
+LOCALPG = [sys.executable, "-m", "tsoracle_dev.localpg"]
 
 
 def localpg(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(LOCALPG), *args], capture_output=True, text=True,
+    return subprocess.run([*LOCALPG, *args], capture_output=True, text=True,
                           timeout=180, cwd="/")
 
 
 @pytest.mark.parametrize("args", [["--help"], ["start", "--help"], ["stop", "-h"]])
 def test_help_starts_nothing(args, tmp_path):
-    proc = subprocess.run([sys.executable, str(LOCALPG), *args], capture_output=True, text=True,
+    proc = subprocess.run([*LOCALPG, *args], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "usage: localpg.py" in proc.stdout
+    assert "usage: tsoracle-localpg" in proc.stdout
     assert list(tmp_path.iterdir()) == []  # once made a server in a folder named `--help`
 
 
@@ -46,12 +49,13 @@ def test_bad_arguments_say_what_is_wrong(args, message):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.pg
 def test_port_and_private_parent_left_alone(tmp_path):
     """`--port` is honoured; a folder the server user cannot enter keeps its mode."""
     parent = tmp_path / "private"
     parent.mkdir(mode=0o700)
     modes = {p: p.stat().st_mode for p in [parent, *parent.parents]}
-    port = _free_port()
+    port = free_port()
     server = parent / "pg"
     try:
         url = localpg("start", str(server), "--port", str(port))
@@ -71,13 +75,7 @@ def test_port_and_private_parent_left_alone(tmp_path):
     assert stat.S_IMODE(parent.stat().st_mode) == 0o700
 
 
-def _free_port() -> int:
-    from localpg import free_port
-    return free_port()
-
-
 def _alive(pid: int) -> bool:
-    from localpg import _alive as running_not_zombie
     return running_not_zombie(pid)
 
 
@@ -97,8 +95,11 @@ def _signal_state(pid: int) -> str:
     return " ".join(line for line in lines if line.startswith(("State", "Sig")))
 
 
-@pytest.mark.parametrize("how, with_kube", [(signal.SIGINT, True), (signal.SIGKILL, False)],
-                         ids=["interrupted", "killed"])
+@pytest.mark.pg
+@pytest.mark.parametrize("how, with_kube", [
+    pytest.param(signal.SIGINT, True, id="interrupted", marks=pytest.mark.kube),
+    pytest.param(signal.SIGKILL, False, id="killed"),
+])
 def test_servers_go_when_the_run_is_interrupted_or_killed(how, with_kube, tmp_path):
     """Ctrl-C (SIGINT to the whole process group) or SIGKILL of a pytest run: its PostgreSQL
     (and API server, etcd) stop and their folders are deleted."""

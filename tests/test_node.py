@@ -1,7 +1,7 @@
 """The user's path on a real node: `make images`, `helm install` with the chart's defaults, the
 operator as a pod, `helm test`, a flip, a pod lost mid-flip, `helm upgrade` and `helm uninstall`.
 
-The cluster is tools/controlplane with its node (kubelet, containerd, runc, CNI bridge,
+The cluster is tsoracle_dev.controlplane with its node (kubelet, containerd, runc, CNI bridge,
 kube-proxy, CoreDNS, scheduler, controller-manager), started by the module fixture in a folder of
 its own and purged afterwards. The tests run in file order and build on each other, as a user's
 session does.
@@ -13,7 +13,6 @@ import base64
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,15 +21,15 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from support.kube import Kube, is_ready
-from support.node import own_node
+
+from tests.support.node import own_node
+from tsoracle_dev import images
+from tsoracle_dev.controlplane.node import NODE_NAME
+from tsoracle_dev.kube import Kube, is_ready
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
-sys.path.insert(0, str(ROOT / "tools" / "images"))
 
-import images  # noqa: E402
-from node import NODE_NAME  # noqa: E402
+pytestmark = [pytest.mark.node, pytest.mark.kube, pytest.mark.pg]  # the module's own cluster
 
 RELEASE, SYSTEM = "tsoracle", "tsoracle-system"
 NS = "orders-app"

@@ -15,17 +15,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from localpg import LocalPostgres
-from support.kube import free_port, is_ready
 
 import tsoracle
+from tsoracle_dev.dashboards import build, grafana_model
+from tsoracle_dev.dashboards.panels import ALERT_SIGNALS, ALERTS, OPERATOR_PANELS, ORACLE_PANELS
+from tsoracle_dev.kube import is_ready
+from tsoracle_dev.localpg import LocalPostgres, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools" / "dashboards"))
-
-import build  # noqa: E402
-import grafana_model  # noqa: E402
-from panels import ALERT_SIGNALS, ALERTS, OPERATOR_PANELS, ORACLE_PANELS  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"
 
@@ -37,7 +34,7 @@ def query(port: int, expr: str) -> dict:
 
 
 def test_generated_files_are_current_and_rules_load(tmp_path):
-    assert build.main(["--check"]) == 0, "run tools/dashboards/build.py"
+    assert build.main(["--check"]) == 0, "run tsoracle-dashboards"
     proc = subprocess.run(["promtool", "check", "rules",
                            str(ROOT / "charts/tsoracle/files/alerts.rules.yaml")],
                           capture_output=True, text=True)
@@ -185,7 +182,7 @@ def observed(kube, oracle_ns, prometheus, tmp_path):
     url = own.start() + "?schema=obs"
     asyncio.run(tsoracle.init(url, timelines=["EpochMilliseconds", "counter:obs"]))
     wport = free_port()
-    workload = subprocess.Popen([sys.executable, str(ROOT / "tests/support/metrics_workload.py"),
+    workload = subprocess.Popen([sys.executable, "-m", "tsoracle_dev.metrics_workload",
                                  url, str(wport), "3600"], stdout=subprocess.DEVNULL,
                                 stderr=open(tmp_path / "workload.log", "w"))
     try:
@@ -260,7 +257,7 @@ def test_render_dashboards_over_load_flip_fault_and_recovery(observed):
     to legacy by the operator and of the workload's deployment, the workload's backend down for
     75 s (longer than the panels' 1m rate windows, so rates reach 0) and back for 90 s, a flip
     back to distributed, and another minute of load. Every panel must show data."""
-    from render import render_all
+    from tsoracle_dev.dashboards.render import render_all
 
     o = observed
     start = time.time()

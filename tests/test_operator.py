@@ -10,11 +10,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from history import check, load
-from support.kube import Operator, condition, is_ready
-from support.workload import Workload
-
 import tsoracle
+from tsoracle_dev.kube import Operator, condition, is_ready
+from tsoracle_dev.lincheck.history import check, load
+from tsoracle_dev.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"

@@ -19,10 +19,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from support.kube import Operator, condition, is_ready
 
 from tsoracle.operator import logs
 from tsoracle.operator.logs import KopfLogs, Story, describe_kopf_retry
+from tsoracle_dev.kube import Operator, condition, is_ready
 
 REFRESH = {"statusRefreshSeconds": 1}  # many passes: chances for a repeated line
 

@@ -15,11 +15,11 @@ import time
 import uuid
 
 import pytest
-from support.kube import Operator, condition, is_ready
 
 import tsoracle
 from tsoracle.oracle.connect import admin_backend
 from tsoracle.oracle.flip import flip_backend
+from tsoracle_dev.kube import Operator, condition, is_ready
 
 COUNTER = "counter:orders"
 

@@ -7,14 +7,16 @@ import contextlib
 import uuid
 
 import pytest
-from history import check
-from localpg import LocalPostgres
-from support.workload import Recorder
 
 import tsoracle
 from tsoracle.fencing import tables_exist
 from tsoracle.oracle.connect import admin_backend
 from tsoracle.oracle.provision import drop_deployment
+from tsoracle_dev.lincheck.history import check
+from tsoracle_dev.localpg import LocalPostgres
+from tsoracle_dev.workload import Recorder
+
+pytestmark = pytest.mark.pg  # the session's server and servers of the tests' own
 
 COUNTER = "counter:server"
 

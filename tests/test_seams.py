@@ -61,6 +61,13 @@ def test_no_floor_imports_a_higher_one():
     assert wrong == []
 
 
+def test_the_library_never_imports_the_dev_tools():
+    """tsoracle_dev (tools/) is installed beside the library, but its packages are the extras'."""
+    wrong = [f"{path.relative_to(ROOT)} imports {imported}" for path in PACKAGE.rglob("*.py")
+             for imported in _imports(path) if imported.split(".")[0] == "tsoracle_dev"]
+    assert wrong == []
+
+
 def test_every_place_that_follows_the_operations_covers_them():
     names = [op.name for op in OPERATIONS]
     assert tuple(names) == metrics.OPERATIONS

@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,7 @@ from tsoracle.spark.table import join
 pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
 
 SCHEMA = "writer INT, seq INT"
-DRIVER = Path(__file__).parent / "support" / "spark_driver.py"
+DRIVER = [sys.executable, "-m", "tsoracle_dev.spark_driver"]
 
 
 @pytest.fixture
@@ -50,7 +49,7 @@ def test_append_is_visible_to_linearized_reads_in_every_driver(setup, spark, url
 
 def test_concurrent_appends_from_three_driver_processes(setup, spark, url, tmp_path):
     client, table = setup
-    procs = [subprocess.Popen([sys.executable, str(DRIVER), url, str(tmp_path / "tables"),
+    procs = [subprocess.Popen([*DRIVER, url, str(tmp_path / "tables"),
                                str(w), "4", "25"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for w in range(3)]
     stamps = []

@@ -33,7 +33,8 @@ def _connections(pg, database_url: str) -> int:
         time.sleep(0.1)
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "postgresql-serializable"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg),
+                        pytest.param("postgresql-serializable", marks=pytest.mark.pg)])
 def target(request, tmp_path):
     if request.param == "sqlite":
         return None, f"sqlite:///{tmp_path / 'client.db'}"

@@ -1,9 +1,9 @@
 """Spark on Kubernetes on the dev node: driver and executor pods from `spark-submit
 --deploy-mode cluster`, finding the oracle only through the TimestampOracle resource.
 
-The module fixture starts its own one-node cluster (tools/controlplane), imports the operator and
-Spark images, installs the chart with `sparkDrivers` (the drivers' Role, and the Role for Spark's
-executor pods), a Secret and the example resource, in the `etl` namespace.
+The module fixture starts its own one-node cluster (tsoracle_dev.controlplane), imports the
+operator and Spark images, installs the chart with `sparkDrivers` (the drivers' Role, and the
+Role for Spark's executor pods), a Secret and the example resource, in the `etl` namespace.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from types import SimpleNamespace
 import psycopg
 import pytest
 from psycopg import sql
-from support.kube import Kube, is_ready
-from support.node import own_node
+
+from tests.support.node import own_node
+from tsoracle.spark.client import OracleClient
+from tsoracle_dev import spark_k8s
+from tsoracle_dev.kube import Kube, is_ready
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
 
-import spark_k8s  # noqa: E402
-
-from tsoracle.spark.client import OracleClient  # noqa: E402
+# The module's own cluster, and spark-submit (a JVM) on this host.
+pytestmark = [pytest.mark.node, pytest.mark.kube, pytest.mark.pg, pytest.mark.spark]
 
 NS, SA = "etl", "spark"
 DRIVER_SA = f"system:serviceaccount:{NS}:{SA}"
@@ -45,7 +45,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 def prepared(node: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """The chart with sparkDrivers, the Spark image, a Secret and the example resource."""
     kube, env, plane = node.kube, node.env, node.plane
-    subprocess.run([sys.executable, str(ROOT / "tools/images/build.py"), "--spark",
+    subprocess.run([sys.executable, "-m", "tsoracle_dev.images", "--spark",
                     "--import"], env=env, check=True, capture_output=True, timeout=1800)
     kube.kubectl("create", "namespace", NS)
     kube.kubectl("-n", NS, "create", "serviceaccount", SA)

@@ -13,12 +13,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pgfaults import LossyRelay
 
 import tsoracle
 from tsoracle.errors import ConfigError, LeadershipLost
 from tsoracle.spark import OracleClient
 from tsoracle.store import RetryPolicy
+from tsoracle_dev.pgfaults import LossyRelay
 
 pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
 

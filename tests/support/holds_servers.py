@@ -11,7 +11,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.pg
+@pytest.mark.kube
 def test_hold_servers(request) -> None:
     pg = request.getfixturevalue("pg")
     pids = {"postgres": int((pg.data / "postmaster.pid").read_text().split()[0])}

@@ -1,4 +1,4 @@
-"""A one-node cluster of the test module's own (tools/controlplane with its node)."""
+"""A one-node cluster of the test module's own (tsoracle_dev.controlplane with its node)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
-
-from cluster import ControlPlane  # noqa: E402
-from kubetools import tools_dir  # noqa: E402
-from node import missing_prerequisites  # noqa: E402
-from support.kube import Kube  # noqa: E402
+from tsoracle_dev.controlplane.cluster import ControlPlane
+from tsoracle_dev.controlplane.node import missing_prerequisites
+from tsoracle_dev.kube import Kube
+from tsoracle_dev.kubetools import tools_dir
 
 
 @contextmanager

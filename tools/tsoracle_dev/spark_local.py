@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
-
-import tsoracle  # noqa: E402
-from tsoracle.spark import OracleClient  # noqa: E402
+import tsoracle
+from tsoracle.spark import OracleClient
 
 
 def local_spark_client(prefix: str) -> tuple[Any, OracleClient, Path]:

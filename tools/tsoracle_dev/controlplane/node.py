@@ -80,7 +80,8 @@ def missing_prerequisites() -> list[str]:
     problems = []
     if os.geteuid() != 0:
         problems.append("the node needs root (it creates a bridge, iptables rules and "
-                        "containers); run as root, or start without it: cluster.py up --no-node")
+                        "containers); run as root, or start without it: "
+                        "tsoracle-dev-cluster up --no-node")
     for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip",
                  "conntrack"):
         if shutil.which(tool) is None:
@@ -153,8 +154,7 @@ class Node:
             other = Node(Path(owner))
             if other.running():
                 raise NodeError(f"a dev cluster's node already runs on this machine (state "
-                                f"{owner}); stop it first: python tools/controlplane/cluster.py "
-                                f"down {owner}")
+                                f"{owner}); stop it first: tsoracle-dev-cluster down {owner}")
             other.teardown()  # a crashed cluster's leftovers
         self.owner_file.write_text(str(self.state))
 

@@ -2,7 +2,7 @@
 batched and raw, with the run's physical-limit probes as reference lines (the pure-asyncio
 ceiling measured at each concurrency, and the bare SELECT round trip).
 
-    python tools/plots/bench_plots.py docs/data/bench-read.json --out docs/img
+    tsoracle-bench-plots docs/data/bench-read.json --out docs/img
     # writes docs/img/bench-read-throughput.png and docs/img/bench-read-latency.png
 
 Only read results are drawn (mode "read"); each implementation in the file gets its own pair
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+matplotlib.use("Agg")  # files only, never a window (pyplot picks its backend at first use)
 
 COLORS = {"distributed": "tab:blue", "legacy": "tab:orange"}
 
@@ -111,8 +111,9 @@ def _save(fig: plt.Figure, out: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tsoracle-bench-plots",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("report", type=Path, help="the JSON that `tsoracle bench --json` printed")
     parser.add_argument("--out", type=Path, default=Path("docs/img"), help="folder for the PNGs")
     args = parser.parse_args(argv)
@@ -126,4 +127,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

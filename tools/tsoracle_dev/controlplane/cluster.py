@@ -1,12 +1,15 @@
 """A real local one-node Kubernetes cluster with PostgreSQL beside it, built from sources.
 
-    python tools/controlplane/cluster.py up [--no-node] [STATE_DIR]   # ends: export KUBECONFIG=…
-    python tools/controlplane/cluster.py down [STATE_DIR]   # stop; etcd and PostgreSQL data stay
-    python tools/controlplane/cluster.py down --purge [STATE_DIR]   # stop and delete all state
+    tsoracle-dev-cluster up [--no-node] [STATE_DIR]   # ends: export KUBECONFIG=…
+    tsoracle-dev-cluster down [STATE_DIR]          # stop; etcd and PostgreSQL data stay
+    tsoracle-dev-cluster down --purge [STATE_DIR]  # stop and delete all state
+    tsoracle-dev-cluster build                     # only build (and cache) the binaries
+
+(`python -m tsoracle_dev.controlplane.cluster` is the same command.)
 
 etcd, kube-apiserver, the node's components (kube-node: kubelet, kube-proxy, kube-scheduler,
 kube-controller-manager) and CoreDNS are built from Go modules (the go.mod files beside this
-script), once per version, and cached under ~/.cache/tsoracle. The node (node.py) needs root and
+module), once per version, and cached under ~/.cache/tsoracle. The node (node.py) needs root and
 Debian's containerd, runc and CNI plugins. `up` is idempotent: it reuses running processes.
 
 With --no-node (and for the tests' API-server fixture) only etcd and kube-apiserver run, on
@@ -33,11 +36,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from localpg import LocalPostgres, free_port, run_when_this_process_exits  # noqa: E402
-from node import (  # noqa: E402
+from tsoracle_dev import CHECKOUT
+from tsoracle_dev.controlplane.node import (
     COREDNS_RBAC,
     COREDNS_VERSION,
     NODE_IP,
@@ -49,6 +49,9 @@ from node import (  # noqa: E402
     missing_prerequisites,
     write_secret,
 )
+from tsoracle_dev.localpg import LocalPostgres, free_port, run_when_this_process_exits
+
+HERE = Path(__file__).resolve().parent  # the Go wrapper modules are folders beside this file
 
 # Every version the cluster is built from, in one place.
 K8S_VERSION = "v1.35.4"
@@ -57,8 +60,7 @@ VERSIONS = {"etcd": ETCD_VERSION, "kube-apiserver": K8S_VERSION, "kube-node": K8
             "coredns": COREDNS_VERSION}
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
 # `make dev-cluster` keeps its state here; the docs tests point it elsewhere.
-DEFAULT_STATE = Path(os.environ.get("TSORACLE_DEV_CLUSTER_STATE",
-                                    HERE.parent.parent / ".dev-cluster"))
+DEFAULT_STATE = Path(os.environ.get("TSORACLE_DEV_CLUSTER_STATE", CHECKOUT / ".dev-cluster"))
 
 
 def version_ldflags(name: str, version: str) -> list[str]:
@@ -261,8 +263,8 @@ class ControlPlane:
 
     def _start_node(self, info: dict[str, Any], binaries: dict[str, Path],
                     tokens: dict[str, str], logs: Path) -> None:
-        sys.path.insert(0, str(HERE.parent / "images"))
-        import images  # noqa: PLC0415 (tools/images: only a node needs it)
+        # Here, not at the top: only a node needs the images, and they import this module.
+        from tsoracle_dev import images
 
         def spawn(name: str, argv: list[str]) -> int:
             pid = self._spawn(name, argv, logs)
@@ -410,16 +412,17 @@ class ControlPlane:
         if self.with_postgres:
             self.pg.stop()
         if purge:
-            self.pg.destroy()  # its files may live outside the state folder (tools/localpg.py)
+            self.pg.destroy()  # its files may live outside the state folder (tsoracle_dev.localpg)
             shutil.rmtree(self.state, ignore_errors=True)
 
     def purge_when_this_process_exits(self) -> None:
         """However this process ends (an interrupt, a crash, SIGKILL), the cluster goes too."""
-        run_when_this_process_exits([sys.executable, str(Path(__file__).resolve()), "down",
-                                     "--purge", str(self.state)])
+        run_when_this_process_exits([sys.executable, "-m", "tsoracle_dev.controlplane.cluster",
+                                     "down", "--purge", str(self.state)])
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ("up", "down", "build"):
         print(__doc__, file=sys.stderr)
         return 2
@@ -450,4 +453,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

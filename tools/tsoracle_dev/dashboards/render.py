@@ -16,11 +16,12 @@ import urllib.request
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-from panels import OPERATOR_PANELS, ORACLE_PANELS, P  # noqa: E402
+from tsoracle_dev.dashboards.panels import OPERATOR_PANELS, ORACLE_PANELS, P
+
+matplotlib.use("Agg")  # files only, never a window (pyplot picks its backend at first use)
 
 # Grafana unit id -> (axis label, factor applied to the values). Durations spanning more than
 # LOG_SPAN are drawn on a log scale: one slow call during a fault would flatten every other line.

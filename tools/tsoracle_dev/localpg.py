@@ -1,8 +1,10 @@
 """A throwaway PostgreSQL server on loopback, for tests, benchmarks and `make dev-cluster`.
 
-    python tools/localpg.py start DIR [--port N]   # prints the URL of the `tsoracle` role
-    python tools/localpg.py stop DIR
-    python tools/localpg.py destroy DIR            # stop and delete DIR
+    tsoracle-localpg start DIR [--port N]   # prints the URL of the `tsoracle` role
+    tsoracle-localpg stop DIR
+    tsoracle-localpg destroy DIR            # stop and delete DIR
+
+(`python -m tsoracle_dev.localpg` is the same command.)
 
 Runs the Debian `postgresql` binaries. As root, the server runs as the `postgres` user (initdb
 refuses root); when that user cannot reach DIR (a private temporary or home folder), the
@@ -215,7 +217,7 @@ class LocalPostgres:
 
     def destroy_when_this_process_exits(self) -> None:
         """However this process ends (an interrupt, a crash, SIGKILL), the server goes too."""
-        run_when_this_process_exits([sys.executable, str(Path(__file__).resolve()), "destroy",
+        run_when_this_process_exits([sys.executable, "-m", "tsoracle_dev.localpg", "destroy",
                                      str(self.base)])
 
     def url(self, password: str = PASSWORD, database: str = DATABASE) -> str:
@@ -296,7 +298,7 @@ def run_when_this_process_exits(argv: list[str]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="localpg.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tsoracle-localpg", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = sub.add_parser("start", help="create the server if needed, start it, print its URL")
     s.add_argument("dir", metavar="DIR", help="the server's folder (created if missing)")
@@ -309,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "start":
@@ -322,10 +324,10 @@ def main(argv: list[str]) -> int:
         server = LocalPostgres(args.dir)
         server.stop() if args.command == "stop" else server.destroy()
     except (ValueError, RuntimeError) as exc:
-        print(f"localpg.py: error: {exc}", file=sys.stderr)
+        print(f"tsoracle-localpg: error: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -34,7 +34,7 @@ class SerializationFaults:
     """Make `rate` of the rows tsoracle's statements touch fail with 40001, server-side."""
 
     def __init__(self, pg: Any, database: str, role: str = "tsoracle") -> None:
-        self.pg = pg  # a tools/localpg.LocalPostgres
+        self.pg = pg  # a tsoracle_dev.localpg.LocalPostgres
         self.database = database
         self.pg.sql(
             f"CREATE SCHEMA IF NOT EXISTS {FAULT_SCHEMA};"

@@ -1,4 +1,4 @@
-"""Helpers for tests against the real API server: kubectl, helm, waiting, the operator."""
+"""Driving a real API server from tests and benches: kubectl, helm, waiting, the operator."""
 
 from __future__ import annotations
 
@@ -12,10 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-
-from localpg import free_port  # noqa: E402
+from tsoracle_dev.localpg import free_port
 
 
 class Kube:
@@ -110,7 +107,7 @@ class Operator:
                  lease: tuple[str, str] | None = None, crash_after_flip: bool = False) -> None:
         """`lease`: (namespace, name) of the Lease to hold; without it the operator runs alone
         (tests run many operators side by side, each watching its own namespace).
-        `crash_after_flip`: run tests/support/crashing_operator.py instead."""
+        `crash_after_flip`: run tsoracle_dev.crashing_operator instead."""
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
         self.extra_env = env or {}
         self.crash_after_flip = crash_after_flip
@@ -123,8 +120,8 @@ class Operator:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, *(["-m", "tsoracle.cli"] if not self.crash_after_flip
-                                   else [str(Path(__file__).with_name("crashing_operator.py"))]),
+                [sys.executable, "-m", "tsoracle_dev.crashing_operator" if self.crash_after_flip
+                 else "tsoracle.cli",
                  "operator", "--namespace",
                  self.namespace, "--liveness-port", str(self.liveness_port), "--metrics-port",
                  str(self.metrics_port), "--bind", "127.0.0.1",

@@ -1,19 +1,16 @@
 """A Spark driver process for tests: appends batches, then prints what it committed.
 
-    python tests/support/spark_driver.py URL DATA_DIR WRITER BATCHES ROWS
+    python -m tsoracle_dev.spark_driver URL DATA_DIR WRITER BATCHES ROWS
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from pyspark.sql import SparkSession
 
-from pyspark.sql import SparkSession  # noqa: E402
-
-from tsoracle.spark import OracleClient  # noqa: E402
+from tsoracle.spark import OracleClient
 
 SCHEMA = "writer INT, seq INT"
 

@@ -1,6 +1,6 @@
 """A small oracle workload that serves /metrics, for the observability tests.
 
-    python tests/support/metrics_workload.py URL METRICS_PORT SECONDS
+    python -m tsoracle_dev.metrics_workload URL METRICS_PORT SECONDS
 """
 
 from __future__ import annotations
@@ -8,12 +8,9 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import tsoracle  # noqa: E402
-from tsoracle.store import RetryPolicy  # noqa: E402
+import tsoracle
+from tsoracle.store import RetryPolicy
 
 
 async def main(url: str, port: int, seconds: float) -> None:

@@ -12,7 +12,7 @@ and compares:
 - a panel type or a query's datasource type the model has no plugin schema for (Grafana
   would show "panel plugin not found", and nothing inside such a panel could be checked).
 
-    python tools/dashboards/grafana_model.py FILE.json...   # prints problems, exits 1 on any
+    python -m tsoracle_dev.dashboards.grafana_model FILE.json...   # prints problems, exits 1 on any
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A history-recording workload: C concurrent callers in one process, sized by work done.
 
 Run as a script so tests can start several OS processes (`Workload` below does that):
-    python tests/support/workload.py URL OUT --concurrency 32 [--min-ops N] [--stop-file F]
+    python -m tsoracle_dev.workload URL OUT --concurrency 32 [--min-ops N] [--stop-file F]
         [--progress-file F] [--implementation X]
 It stops when it has N operations or when the stop file appears; `--cap` seconds only ends a
 hang. On Fenced (a flip happened) it reopens on the active implementation and goes on
@@ -23,14 +23,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tools" / "lincheck"))
-
-from history import Op  # noqa: E402
-
-import tsoracle  # noqa: E402
-from tsoracle.oracle.reopening import ReopeningOracle  # noqa: E402
+import tsoracle
+from tsoracle.oracle.reopening import ReopeningOracle
+from tsoracle_dev.lincheck.history import Op
 
 CAP_S = 300.0  # seconds; only a hang reaches it
 
@@ -116,9 +111,9 @@ class Workload:
         self.stop_file = out.with_suffix(".stop")
         self.progress_file = out.with_suffix(".progress")
         self.log = out.with_suffix(".log")
-        argv = [sys.executable, __file__, url, str(out), "--concurrency", str(concurrency),
-                "--timeline", timeline, "--stop-file", str(self.stop_file),
-                "--progress-file", str(self.progress_file)]
+        argv = [sys.executable, "-m", "tsoracle_dev.workload", url, str(out),
+                "--concurrency", str(concurrency), "--timeline", timeline,
+                "--stop-file", str(self.stop_file), "--progress-file", str(self.progress_file)]
         if implementation:
             argv += ["--implementation", implementation]
         if min_ops is not None:

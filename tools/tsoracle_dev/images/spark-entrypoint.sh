@@ -1,5 +1,5 @@
 #!/bin/bash
-# The entrypoint of the tsoracle-spark image (tools/images/images.toml [spark]).
+# The entrypoint of the tsoracle-spark image (images.toml [spark], beside this file).
 #
 # Spark's Kubernetes scheduler starts its pods from this image with container args:
 #   driver --properties-file FILE --class CLASS RESOURCE [ARGS...]

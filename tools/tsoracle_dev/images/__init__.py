@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-RECIPES = HERE / "images.toml"
-CHART = ROOT / "charts" / "tsoracle" / "Chart.yaml"
+from tsoracle_dev import CHECKOUT
+
+RECIPES = Path(__file__).resolve().with_name("images.toml")
+CHART = CHECKOUT / "charts" / "tsoracle" / "Chart.yaml"
 
 # Bump to rebuild a kind of layer whose recipe changed in code rather than in data.
 BASE_FORMAT = 1
@@ -433,12 +433,12 @@ def _source_files() -> list[Path]:
     """The files of this checkout that go in the image: no caches, no build output."""
     files = []
     for name in SOURCES:
-        path = ROOT / name
+        path = CHECKOUT / name
         if path.is_file():
             files.append(path)
             continue
         for sub in sorted(path.rglob("*")):
-            parts = sub.relative_to(ROOT).parts
+            parts = sub.relative_to(CHECKOUT).parts
             if sub.is_file() and "__pycache__" not in parts and sub.suffix not in (".pyc", ".pyo"):
                 files.append(sub)
     return files
@@ -446,7 +446,7 @@ def _source_files() -> list[Path]:
 
 def _copy_sources(files: list[Path], dest: Path) -> None:
     for path in files:
-        target = dest / path.relative_to(ROOT)
+        target = dest / path.relative_to(CHECKOUT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
 
@@ -466,10 +466,10 @@ def build_app_layer(spec: ImageSpec, base: Layer) -> Layer:
     """The venv (this checkout + the extras) and the user entries, on top of `base`. Cached by
     the base, the recipe and the source files."""
     files = _source_files()
-    sources = [(str(p.relative_to(ROOT)), hashlib.sha256(p.read_bytes()).hexdigest())
+    sources = [(str(p.relative_to(CHECKOUT)), hashlib.sha256(p.read_bytes()).hexdigest())
                for p in files]
     # The added files count only when there are some (the operator's key predates them).
-    added = [(dest, hashlib.sha256((ROOT / src).read_bytes()).hexdigest())
+    added = [(dest, hashlib.sha256((CHECKOUT / src).read_bytes()).hexdigest())
              for dest, src in spec.files]
     key = _key(APP_FORMAT, base.digest, spec.extras, spec.venv, spec.user, spec.uid, spec.gid,
                sources, *([added] if added else []))
@@ -608,7 +608,7 @@ def _build_app(spec: ImageSpec, base: Layer, files: list[Path], work: Path, out:
     for dest, src in spec.files:
         target = rootfs / dest.strip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ROOT / src, target)
+        shutil.copyfile(CHECKOUT / src, target)
         os.chmod(target, 0o755)
     venv = spec.venv.strip("/")
     members = [("etc", False), ("etc/group", False), ("etc/passwd", False),
@@ -731,14 +731,14 @@ def build_operator() -> Path:
 
 def build_spark() -> Path:
     """The image Spark on Kubernetes runs drivers and executors from (SPARK_IMAGE): the
-    operator's recipe with a JRE, tsoracle[spark] and tools/images/spark-entrypoint.sh."""
+    operator's recipe with a JRE, tsoracle[spark] and spark-entrypoint.sh (beside this file)."""
     return build_image(SPARK)
 
 
 def k8s_version() -> str:
     """The Kubernetes version of the dev cluster (one constant, in its code)."""
-    sys.path.insert(0, str(ROOT / "tools" / "controlplane"))
-    from cluster import K8S_VERSION  # here, not at the top: the cluster code imports this module
+    # Here, not at the top: the cluster code imports this module.
+    from tsoracle_dev.controlplane.cluster import K8S_VERSION
 
     return K8S_VERSION
 
@@ -813,7 +813,7 @@ def archive_info(path: Path) -> dict[str, object]:
 
 def cluster_containerd_address() -> str:
     """The dev cluster's containerd socket, from its state file."""
-    state = Path(os.environ.get("TSORACLE_DEV_CLUSTER_STATE", ROOT / ".dev-cluster"))
+    state = Path(os.environ.get("TSORACLE_DEV_CLUSTER_STATE", CHECKOUT / ".dev-cluster"))
     path = state / "cluster.json"
     try:
         address = json.loads(path.read_text()).get("containerd_address")
@@ -829,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="tools/images/build.py", description="Build the pause and operator image archives "
+        prog="tsoracle-images", description="Build the pause and operator image archives "
         "(cached), and with --spark the Spark image; optionally import them into a containerd.")
     parser.add_argument("--spark", action="store_true",
                         help=f"also build {SPARK_IMAGE}, the image of Spark's driver and executor "

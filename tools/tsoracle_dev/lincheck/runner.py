@@ -1,8 +1,9 @@
 """Linearizability runs: a multi-process workload under a nemesis, checked by Porcupine.
 
-    python tools/lincheck/runner.py run --scenario flips --implementation legacy --min-ops 3000
-    python tools/lincheck/runner.py all --min-ops 3000     # every scenario, both implementations
-    python tools/lincheck/runner.py soak --min-ops 100000  # long; not for CI
+    tsoracle-lincheck run --scenario flips --implementation legacy --min-ops 3000
+    tsoracle-lincheck all --min-ops 3000     # every scenario, both implementations
+    tsoracle-lincheck soak --min-ops 100000  # long; not for CI
+    (or: python -m tsoracle_dev.lincheck.runner ...)
 
 A run is sized by work, not time: workers run until the history holds `--min-ops` completed
 operations, and the nemesis injects its faults at fractions of that count, so a slow machine
@@ -27,7 +28,7 @@ Three scenarios relax or re-key what they record, each for a documented reason:
   separate check fails the run if any operation on the old incarnation succeeded after the drop.
 - `spark-client`: worker 0 is a Spark driver's `OracleClient` (threads, transparent reopening)
   across flips; the other workers are the usual asyncio clients.
-The histories go to the Go checker (tools/lincheck, Porcupine) and to the fast Python
+The histories go to the Go checker (main.go beside this file, Porcupine) and to the fast Python
 invariant checks in history.py.
 """
 
@@ -51,17 +52,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-sys.path[:0] = [str(ROOT), str(HERE.parent), str(HERE)]
+import tsoracle
+from tsoracle.oracle.reopening import ReopeningOracle
+from tsoracle_dev import CHECKOUT
+from tsoracle_dev.lincheck.history import Op, check
+from tsoracle_dev.lincheck.netns import NamespaceUnavailable, NetNamespace
+from tsoracle_dev.localpg import LocalPostgres
+from tsoracle_dev.pgfaults import LossyRelay, SerializationFaults
 
-from history import Op, check  # noqa: E402
-from localpg import LocalPostgres  # noqa: E402
-from netns import NamespaceUnavailable, NetNamespace  # noqa: E402
-from pgfaults import LossyRelay, SerializationFaults  # noqa: E402
-
-import tsoracle  # noqa: E402
-from tsoracle.oracle.reopening import ReopeningOracle  # noqa: E402
+HERE = Path(__file__).resolve().parent  # the Go checker's sources and the corpus
 
 SCENARIOS = ("none", "postgres", "async-commit-crash", "client-kill", "pause", "flips", "clock",
              "partition", "takeovers", "fencing-modes", "reprovision", "spark-client",
@@ -73,7 +72,7 @@ PARTITION_S = 5.0
 PARTITION_BUDGET_S = 1.0
 PARTITION_NETWORK_S = 1
 PARTITION_BOUND_S = PARTITION_BUDGET_S + 2 * PARTITION_NETWORK_S + 1.0
-# CockroachDB's failure shape (tools/pgfaults.py), at these fractions of statements in turn.
+# CockroachDB's failure shape (tsoracle_dev.pgfaults), at these fractions of statements in turn.
 FAULT_RATES = (0.05, 0.30)
 ISOLATIONS = ("read committed", "serializable")
 LEGACY_ONLY = ("takeovers",)  # leader changes mean nothing to the distributed implementation
@@ -161,7 +160,7 @@ async def worker(args: argparse.Namespace) -> None:
     if args.retry_budget is not None:
         extra["retry"] = tsoracle.store.RetryPolicy(timeout=args.retry_budget)
     if args.broken:
-        from broken import install
+        from tsoracle_dev.lincheck.broken import install
 
         extra.update(install(args.broken))
     rec = Recorder(Path(args.out), args.proc, args.run)
@@ -727,7 +726,8 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
                           + f"&tcp_user_timeout={PARTITION_NETWORK_S * 1000}&keepalives_idle="
                           f"{PARTITION_NETWORK_S}&keepalives_interval=1&keepalives_count=1"
                           f"&connect_timeout={PARTITION_NETWORK_S}")
-        argv = [*prefix, sys.executable, str(Path(__file__)), "worker", "--url", worker_url,
+        argv = [*prefix, sys.executable, "-m", "tsoracle_dev.lincheck.runner", "worker",
+                "--url", worker_url,
                 "--out", str(out / f"worker-{i}.jsonl"), "--run", run_id,
                 "--control", str(control.path), "--proc", str(i), "--clients", str(clients),
                 "--cap", str(cap_s)]
@@ -874,7 +874,7 @@ def print_summary(s: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(prog="tsoracle-lincheck")
     sub = p.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("worker")
     w.add_argument("--url", required=True)
@@ -917,7 +917,7 @@ def main() -> int:
         return 0
     todo = ([(a.scenario, a.implementation, a.isolation)] if a.cmd == "run" else combos())
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    base = Path(a.out) if a.out else ROOT / ".lincheck" / stamp
+    base = Path(a.out) if a.out else CHECKOUT / ".lincheck" / stamp
     failed = 0
     for scenario, impl, isolation in todo:
         name = f"{scenario}-{impl}" + ("-serializable" if isolation == "serializable" else "")

@@ -8,10 +8,17 @@ driver and its executors share for the Parquet files.
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import subprocess
+import sys
+import time
 from pathlib import Path
+
+from tsoracle_dev import CHECKOUT
+from tsoracle_dev.controlplane.cluster import DEFAULT_STATE, ControlPlane
+from tsoracle_dev.kubetools import tools_dir
 
 SPARK_IMAGE = "tsoracle-spark:0.1.0"
 JOB = "local:///opt/tsoracle-spark/examples/pipeline.py"
@@ -76,36 +83,25 @@ def _later(rep: dict, key: str) -> int:  # type: ignore[type-arg]
 
 
 def _demo(state: Path) -> int:
-    import os
-    import sys
-    import time
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "controlplane"))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from cluster import ControlPlane
-
     plane = ControlPlane(state, node=True)
     info = plane.info()
     if not plane.healthy():
         print("error: no dev cluster with a node is running; run `make dev-cluster` first",
               file=sys.stderr)
         return 1
-    root = Path(__file__).resolve().parents[1]
-    from kubetools import tools_dir
-
     env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig),
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), str(tools_dir()),
                                     os.environ["PATH"]])}
 
     def sh(*argv: str, check: bool = True) -> str:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=root)
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=CHECKOUT)
         if check and proc.returncode:
             raise SystemExit(f"error: {' '.join(argv[:4])} … failed:\n{proc.stderr[-2000:]}")
         return proc.stdout
 
     began = time.monotonic()
     print("[demo] building and importing the Spark image (minutes the first time)")
-    sh(sys.executable, "tools/images/build.py", "--spark", "--import")
+    sh(sys.executable, "-m", "tsoracle_dev.images", "--spark", "--import")
     sh("kubectl", "create", "namespace", "etl", check=False)
     sh("kubectl", "-n", "etl", "create", "serviceaccount", "spark", check=False)
     sh("helm", "upgrade", "--install", "tsoracle", "charts/tsoracle", "-n", "tsoracle-system",
@@ -188,13 +184,13 @@ def _demo(state: Path) -> int:
     return 0 if all(ok for _, ok in checks) else 1
 
 
-if __name__ == "__main__":
-    import os
-    import sys
-
-    default = Path(__file__).resolve().parents[1] / ".dev-cluster"
-    if sys.argv[1:] != ["demo"]:
-        print("usage: python tools/spark_k8s.py demo   (after make dev-cluster)",
+def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) != ["demo"]:
+        print("usage: python -m tsoracle_dev.spark_k8s demo   (after make dev-cluster)",
               file=sys.stderr)
-        sys.exit(2)
-    sys.exit(_demo(Path(os.environ.get("TSORACLE_DEV_CLUSTER_STATE", default))))
+        return 2
+    return _demo(DEFAULT_STATE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -102,9 +102,15 @@ def test_leaving_rollout_mode_ends_the_rollout_without_a_separate_step():
 def test_a_flip_published_in_a_pass_leaves_the_rest_to_the_next_pass():
     for step in (PublishFlip(3), FinishRollout()):
         assert not still_due(step, dep(rollout=True), flipped=True)
-    for step in (SetFencing("Always", 1), Flip("legacy", 1)):
+    for step in (SetFencing("Always", 1), Flip("legacy", 1)):  # dep() is on distributed
         assert still_due(step, dep(), flipped=True) and still_due(step, dep(), flipped=False)
     assert still_due(PublishFlip(3), dep(), flipped=False)
+
+
+def test_a_flip_someone_else_finished_during_the_pass_is_not_done_again():
+    # The plan saw distributed; by the time the flip was due, the backend was on legacy.
+    assert still_due(Flip("legacy", 1), dep(implementation="distributed"), flipped=False)
+    assert not still_due(Flip("legacy", 1), dep(implementation="legacy"), flipped=False)
 
 
 URL = "postgresql://tso:hunter2@db.internal:5432/app"

@@ -162,10 +162,10 @@ class LeaderLease:
                                 self.namespace, self.name, self.owner, describe_api_error(exc))
                     self._owner_told = True
             else:
-                meta = dep.metadata or client.V1ObjectMeta()
-                self._owner_ref = client.V1OwnerReference(
-                    api_version="apps/v1", kind="Deployment", name=meta.name or self.owner,
-                    uid=meta.uid or "")
+                meta = dep.metadata
+                if meta is not None and meta.name and meta.uid:  # the API server sets both
+                    self._owner_ref = client.V1OwnerReference(
+                        api_version="apps/v1", kind="Deployment", name=meta.name, uid=meta.uid)
         return self._owner_ref
 
     def _try_acquire(self) -> bool:

@@ -102,9 +102,12 @@ def still_due(step: Step, dep: Deployment, flipped: bool) -> bool:
     """Whether a planned step still applies, given the deployment the steps before it left
     (`dep`) and whether one of them published a flip. A published flip is the pass's news:
     an unpublished one and the end of a rollout wait for the next pass. Leaving the Rollout
-    mode (SetFencing) ends a rollout by itself."""
+    mode (SetFencing) ends a rollout by itself. A flip whose target is already active (another
+    operator or `tsoracle flip` got there while this pass ran) is not done again."""
     if isinstance(step, (PublishFlip, FinishRollout)) and flipped:
         return False
+    if isinstance(step, Flip):
+        return dep.implementation != step.to
     return dep.rollout if isinstance(step, FinishRollout) else True
 
 

@@ -60,10 +60,21 @@ FIXTURE_TIERS = {
 }
 
 
+# pytest-xdist: what one machine has only one of. Tests marked with a key run in one worker,
+# one after another: the dev cluster's node (its fixed node address, pod network, iptables
+# chains and /run/tsoracle-node; test_images' own containerd too). test_lincheck.py groups its
+# partition scenarios the same way.
+XDIST_GROUPS = {"node": "node"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for name in sorted(FIXTURE_TIERS.keys() & set(getattr(item, "fixturenames", ()))):
             item.add_marker(FIXTURE_TIERS[name])
+        for marker, group in XDIST_GROUPS.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
 
 
 class TierGuard:

@@ -67,6 +67,7 @@ FIXTURE_TIERS = {
 XDIST_GROUPS = {"node": "node"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for name in sorted(FIXTURE_TIERS.keys() & set(getattr(item, "fixturenames", ()))):
@@ -75,6 +76,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if item.get_closest_marker(marker) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A worker whose xdist groups were dropped (a pytest or xdist upgrade has done it) would
+    run the node's tests beside another worker's: refuse the run instead."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not session.config.getvalue("loadgroup"):
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist dropped the test groups ({lost[0]} and "
+                                f"{len(lost) - 1} more): run with -n 0, or fix the versions")
 
 
 class TierGuard:

@@ -81,7 +81,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A worker whose xdist groups were dropped (a pytest or xdist upgrade has done it) would
     run the node's tests beside another worker's: refuse the run instead."""
-    if not os.environ.get("PYTEST_XDIST_WORKER") or not session.config.getvalue("loadgroup"):
+    # A worker has `workerinput`; a run started inside a worker (test_localpg's) inherits the
+    # worker's environment but is no worker itself.
+    if not hasattr(session.config, "workerinput") or not session.config.option.loadgroup:
         return
     lost = [item.nodeid for item in session.items
             if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]

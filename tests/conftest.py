@@ -60,10 +60,36 @@ FIXTURE_TIERS = {
 }
 
 
+# pytest-xdist: what one machine has only one of. Tests marked with a key run in one worker,
+# one after another: the dev cluster's node (its fixed node address, pod network, iptables
+# chains and /run/tsoracle-node; test_images' own containerd too). test_lincheck.py groups its
+# partition scenarios the same way.
+XDIST_GROUPS = {"node": "node"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for name in sorted(FIXTURE_TIERS.keys() & set(getattr(item, "fixturenames", ()))):
             item.add_marker(FIXTURE_TIERS[name])
+        for marker, group in XDIST_GROUPS.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A worker whose xdist groups were dropped (a pytest or xdist upgrade has done it) would
+    run the node's tests beside another worker's: refuse the run instead."""
+    # A worker has `workerinput`; a run started inside a worker (test_localpg's) inherits the
+    # worker's environment but is no worker itself.
+    if not hasattr(session.config, "workerinput") or not session.config.option.loadgroup:
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist dropped the test groups ({lost[0]} and "
+                                f"{len(lost) - 1} more): run with -n 0, or fix the versions")
 
 
 class TierGuard:

@@ -17,6 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = [sys.executable, "-m", "tsoracle_dev.controlplane.cluster"]
 
 
+@pytest.fixture
+def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with a short path: the kubelet's unix sockets under the state must fit in 107
+    bytes, and a test's own tmp_path (its name, and under xdist the worker's folder) may not."""
+    return tmp_path_factory.mktemp("dc")
+
+
 def cluster(*args: str) -> str:
     proc = subprocess.run([*CLUSTER, *args], capture_output=True, text=True,
                           timeout=900)
@@ -32,8 +39,8 @@ def kubectl(kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.pg
 @pytest.mark.kube
 @pytest.mark.node
-def test_down_keeps_state_and_purge_starts_empty(tmp_path):
-    state = str(tmp_path / "dev")
+def test_down_keeps_state_and_purge_starts_empty(short_tmp):
+    state = str(short_tmp / "dev")
     try:
         kubeconfig = cluster("up", state).splitlines()[-1].removeprefix("export KUBECONFIG=")
         version = kubectl(kubeconfig, "version", "-o", "json")
@@ -93,10 +100,10 @@ def _container_id(kubeconfig: str) -> str:
 @pytest.mark.pg
 @pytest.mark.kube
 @pytest.mark.node
-def test_node_versions_and_down_leaves_no_process_or_interface(tmp_path):
+def test_node_versions_and_down_leaves_no_process_or_interface(short_tmp):
     """Each component reports its real version; `down` stops containers and shims and removes
     the bridge and the Service rules; `up` brings the same pods back."""
-    state = str(tmp_path / "dev")
+    state = str(short_tmp / "dev")
     try:
         kubeconfig = cluster("up", state).splitlines()[-1].removeprefix("export KUBECONFIG=")
         info = json.loads((Path(state) / "cluster.json").read_text())

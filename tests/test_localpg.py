@@ -111,7 +111,8 @@ def test_servers_go_when_the_run_is_interrupted_or_killed(how, with_kube, tmp_pa
     # traceback and blocks it for good.
     output = tmp_path / "inner.log"
     run = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        # In one process (-n 0): the interrupt must reach the run that holds the servers.
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
          f"--basetemp={tmp_path / 'inner'}", str(ROOT / "tests/support/holds_servers.py")],
         cwd=ROOT, env=env, stdout=output.open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True, preexec_fn=_ctrl_c_interrupts)

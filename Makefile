@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images spark-k8s-demo test test-fast lint lincheck soak
+.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images spark-k8s-demo test test-fast test-parallel lint lincheck soak
 
 OPS ?= 100000
 
@@ -21,6 +21,9 @@ dev-cluster-reset:  ## stop it and delete its state: the next `make dev-cluster`
 
 test:  ## the whole suite, as CI runs it (about half an hour)
 	$(PYTHON) -m pytest -q
+
+test-parallel:  ## the whole suite, one worker per core (at most 4); the node's tests in one worker, in order
+	$(PYTHON) -m pytest -q -n auto --maxprocesses=4 --dist loadgroup
 
 test-fast:  ## the tests that start no PostgreSQL, API server, node or Spark (about a minute)
 	$(PYTHON) -m pytest -q -m "not (pg or kube or node or spark or slow)"

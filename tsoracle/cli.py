@@ -123,6 +123,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rows", type=int, default=50, help="rows per append")
     c.add_argument("--data-dir", help="keep the data here (default: a temporary directory)")
 
+    c = cmd("catalog", "an Iceberg REST catalog whose commits the oracle orders", url=False)
+    actions = c.add_subparsers(dest="catalog_command", required=True, metavar="ACTION")
+    c = actions.add_parser("serve", help="serve the catalog until interrupted",
+                           description="Serve an Iceberg REST catalog on the oracle's database "
+                           "(its own tables in the URL's schema); prints `catalog: URL` once "
+                           "it accepts requests.", formatter_class=HelpFormatter)
+    c.add_argument("--url", metavar="URL", help=URL_HELP)
+    c.add_argument("--warehouse", required=True, metavar="URI",
+                   help="where tables' files go: a file:// path or an s3:// URI")
+    c.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    c.add_argument("--port", type=int, default=8181, help="port to listen on (0: a free one)")
+    c.add_argument("--timeline", default=EPOCH_MILLISECONDS, metavar="NAME",
+                   help="the timeline that orders commits (snapshot timestamps are its "
+                        "timestamps)")
+    c.add_argument("--token-file", metavar="FILE",
+                   help="require `Authorization: Bearer <the file's contents>` on every request")
+
     c = cmd("operator", "run the Kubernetes operator for TimestampOracle resources", url=False)
     c.add_argument("--namespace", action="append", dest="namespaces", default=[],
                    help="watch only this namespace (repeatable; default: all namespaces)")
@@ -335,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
 
                 return run_demo(writers=args.writers, batches=args.batches, rows=args.rows,
                                 data_dir=args.data_dir)
+        if args.command == "catalog":
+            return _catalog(args)
         if args.command == "operator":
             with needs_extra("operator", "`tsoracle operator`"):
                 from tsoracle.operator.main import run_operator
@@ -347,6 +366,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tsoracle: error: {exc.for_cli()}", file=sys.stderr)
         return 1
     return run(_run(args))
+
+
+def _catalog(args: argparse.Namespace) -> int:
+    with needs_extra("iceberg", "`tsoracle catalog serve`"):
+        from tsoracle.catalog.serve import CatalogConfig, read_token, serve
+
+    if not 0 <= args.port <= 65535:
+        raise errors.ConfigError(f"--port {args.port} is not a port: give 0 to 65535")
+    config = CatalogConfig(url=args.url, warehouse=args.warehouse, host=args.host,
+                           port=args.port, timeline=args.timeline,
+                           token=read_token(args.token_file) if args.token_file else None)
+    return run(_serving(serve(config, lambda url: print(f"catalog: {url}", flush=True))))
+
+
+async def _serving(serving: Coroutine[Any, Any, None]) -> int:
+    await serving
+    return 0
 
 
 def kubectl_main() -> int:

@@ -24,10 +24,11 @@ U64_MAX = 2**64 - 1
 _FIELD_RE = re.compile(r"\{(\w+)(?::(\w+))?\}")
 
 # Every table a deployment's schema holds: fencing/tables.py creates the first two,
-# spark/catalog.py the rest (oracle/provision.py drops them all; tests/test_sql_templates.py
-# checks that the lists agree). A new table is added here too.
+# spark/catalog.py and catalog/state.py the rest (oracle/provision.py drops them all;
+# tests/test_sql_templates.py checks that the lists agree). A new table is added here too.
 TABLES = frozenset({"timestamps", "deployment", "table_catalog", "table_commits",
-                    "timeline_uppers", "table_tags", "table_since"})
+                    "timeline_uppers", "table_tags", "table_since",
+                    "iceberg_namespaces", "iceberg_objects", "iceberg_uppers"})
 
 
 def expand(template: str, fragments: Mapping[str, str]) -> str:

@@ -1,0 +1,323 @@
+"""HTTP: the REST catalog's routes (Apache Iceberg's REST catalog OpenAPI spec) on Starlette.
+
+Every error leaves in the spec's error model (errors.py); a request the catalog cannot parse
+is a 400 that says what was wrong, and nothing else ever shows a traceback to a client.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import ValidationError
+from pyiceberg.catalog.rest import CreateTableRequest, RegisterTableRequest
+from pyiceberg.table import CommitTableRequest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tsoracle.catalog.errors import (
+    BadRequest,
+    CatalogError,
+    NoSuchTable,
+    NotAuthorized,
+    NotFound,
+    PayloadTooLarge,
+)
+from tsoracle.catalog.metrics import REQUESTS
+from tsoracle.catalog.service import Catalog, Change, Loaded, check_name, check_namespace
+from tsoracle.catalog.state import SEP
+
+log = logging.getLogger("tsoracle.catalog")
+MAX_BODY = 16 * 1024 * 1024  # table metadata with many snapshots runs to megabytes, not more
+
+# As the spec lists them (`{prefix}` is empty here: the catalog has one warehouse).
+ENDPOINTS = [
+    "GET /v1/{prefix}/namespaces",
+    "POST /v1/{prefix}/namespaces",
+    "GET /v1/{prefix}/namespaces/{namespace}",
+    "HEAD /v1/{prefix}/namespaces/{namespace}",
+    "DELETE /v1/{prefix}/namespaces/{namespace}",
+    "POST /v1/{prefix}/namespaces/{namespace}/properties",
+    "GET /v1/{prefix}/namespaces/{namespace}/tables",
+    "POST /v1/{prefix}/namespaces/{namespace}/tables",
+    "GET /v1/{prefix}/namespaces/{namespace}/tables/{table}",
+    "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}",
+    "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}",
+    "DELETE /v1/{prefix}/namespaces/{namespace}/tables/{table}",
+    "POST /v1/{prefix}/namespaces/{namespace}/register",
+    "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics",
+    "POST /v1/{prefix}/tables/rename",
+    "POST /v1/{prefix}/transactions/commit",
+]
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def build_app(catalog: Catalog, *, token: str | None = None,
+              max_body: int = MAX_BODY) -> Starlette:
+    api = _Api(catalog, max_body)
+    ns = "/v1/namespaces/{namespace}"
+    routes = [
+        Route("/v1/config", api.config, methods=["GET"]),
+        Route("/v1/namespaces", api.namespaces, methods=["GET", "POST"]),
+        Route(ns, api.namespace, methods=["GET", "HEAD", "DELETE"]),
+        Route(ns + "/properties", api.properties, methods=["POST"]),
+        Route(ns + "/tables", api.tables, methods=["GET", "POST"]),
+        Route(ns + "/tables/{table}", api.table, methods=["GET", "HEAD", "POST", "DELETE"]),
+        Route(ns + "/tables/{table}/metrics", api.metrics, methods=["POST"]),
+        Route(ns + "/register", api.register, methods=["POST"]),
+        Route("/v1/tables/rename", api.rename, methods=["POST"]),
+        Route("/v1/transactions/commit", api.transaction, methods=["POST"]),
+        Route("/v1/tsoracle/read-ts", api.read_ts, methods=["POST"]),
+        Route("/v1/tsoracle/closed", api.closed, methods=["GET"]),
+        Route("/healthz", api.healthz, methods=["GET"]),
+    ]
+    app = Starlette(routes=[Route(r.path, _guarded(r.endpoint, token, r.path), methods=r.methods)
+                            for r in routes])
+    app.add_exception_handler(404, _not_found)
+    app.add_exception_handler(405, _not_allowed)
+    return app
+
+
+def _guarded(endpoint: Callable[..., Any], token: str | None, route: str) -> Handler:
+    expected = f"Bearer {token}".encode() if token else None
+
+    async def handle(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            if expected is not None and route != "/healthz":
+                given = request.headers.get("authorization", "").encode()
+                if not hmac.compare_digest(given, expected):
+                    raise NotAuthorized("a bearer token is required: the catalog's "
+                                        "--token-file (the engine's `token` property)")
+            response: Response = await endpoint(request)
+        except CatalogError as exc:
+            response = _error(exc)
+        except Exception:  # never a traceback to a client; the log has it
+            log.exception("%s %s failed", request.method, route)
+            response = JSONResponse({"error": {
+                "message": "the catalog failed unexpectedly; its log says why",
+                "type": "RuntimeException", "code": 500}}, status_code=500)
+        REQUESTS.labels(route, str(response.status_code)).observe(
+            time.perf_counter() - started)
+        return response
+
+    return handle
+
+
+def _error(exc: CatalogError) -> Response:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _error(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": {"message": f"{request.method} is not allowed on "
+                                   f"{request.url.path}", "type": "BadRequestException",
+                         "code": 405}}, status_code=405)
+
+
+class _Api:
+    def __init__(self, catalog: Catalog, max_body: int) -> None:
+        self.catalog = catalog
+        self.max_body = max_body
+
+    async def config(self, request: Request) -> Response:
+        return JSONResponse({"defaults": {}, "overrides": {}, "endpoints": ENDPOINTS})
+
+    async def healthz(self, request: Request) -> Response:
+        await self.catalog.ordering.closed()  # the database answers
+        return JSONResponse({"status": "ok"})
+
+    async def namespaces(self, request: Request) -> Response:
+        if request.method == "POST":
+            body = await self._json(request)
+            ns = check_namespace(_strings(body.get("namespace"), "namespace"))
+            props = _properties(body.get("properties"))
+            await self.catalog.create_namespace(ns, props)
+            return JSONResponse({"namespace": list(ns), "properties": props})
+        parent_text = request.query_params.get("parent")
+        parent = check_namespace(parent_text.split(SEP)) if parent_text else None
+        found = [list(n) for n in await self.catalog.list_namespaces(parent)]
+        page, token = _page(request, found, lambda n: SEP.join(n))
+        return JSONResponse({"namespaces": page, **token})
+
+    async def namespace(self, request: Request) -> Response:
+        ns = _ns(request)
+        if request.method == "DELETE":
+            await self.catalog.drop_namespace(ns)
+            return Response(status_code=204)
+        props = await self.catalog.load_namespace(ns)
+        if request.method == "HEAD":
+            return Response(status_code=204)
+        return JSONResponse({"namespace": list(ns), "properties": props})
+
+    async def properties(self, request: Request) -> Response:
+        body = await self._json(request)
+        removals = _strings(body.get("removals") or [], "removals", allow_empty=True)
+        updates = _properties(body.get("updates"))
+        return JSONResponse(await self.catalog.update_namespace(_ns(request), removals, updates))
+
+    async def tables(self, request: Request) -> Response:
+        ns = _ns(request)
+        if request.method == "POST":
+            body = await self._json(request)
+            for key in ("location", "partition-spec", "write-order"):
+                body.setdefault(key, None)
+            created = await self.catalog.create_table(
+                ns, _parse(CreateTableRequest, body, "create-table request"))
+            return _loaded(created)
+        names = await self.catalog.list_tables(ns)
+        page, token = _page(request, names, lambda n: n)
+        return JSONResponse({"identifiers": [{"namespace": list(ns), "name": n} for n in page],
+                             **token})
+
+    async def table(self, request: Request) -> Response:
+        ns, name = _ns(request), check_name(request.path_params["table"])
+        if request.method == "DELETE":
+            purge = request.query_params.get("purgeRequested", "false").lower() == "true"
+            await self.catalog.drop_table(ns, name, purge)
+            return Response(status_code=204)
+        if request.method == "HEAD":
+            if not await self.catalog.table_exists(ns, name):
+                raise NoSuchTable(f"table {name!r} does not exist")
+            return Response(status_code=204)
+        if request.method == "POST":
+            body = await self._json(request)
+            body["identifier"] = {"namespace": list(ns), "name": name}
+            commit = _parse(CommitTableRequest, body, "commit request")
+            [done] = await self.catalog.commit([_change(commit)])
+            return JSONResponse({"metadata-location": done.metadata_location,
+                                 "metadata": _metadata(done)})
+        return _loaded(await self.catalog.load_table(ns, name))
+
+    async def metrics(self, request: Request) -> Response:
+        await self._json(request)  # accepted and dropped: engines report scans and commits here
+        return Response(status_code=204)
+
+    async def register(self, request: Request) -> Response:
+        body = await self._json(request)
+        body.setdefault("overwrite", False)
+        registered = await self.catalog.register_table(
+            _ns(request), _parse(RegisterTableRequest, body, "register request"))
+        return _loaded(registered)
+
+    async def rename(self, request: Request) -> Response:
+        body = await self._json(request)
+        source, dest = _identifier(body.get("source")), _identifier(body.get("destination"))
+        await self.catalog.rename_table(source[0], source[1], dest[0], dest[1])
+        return Response(status_code=204)
+
+    async def transaction(self, request: Request) -> Response:
+        body = await self._json(request)
+        changes = body.get("table-changes")
+        if not isinstance(changes, list) or not changes:
+            raise BadRequest("a transaction needs `table-changes`: a non-empty list of commits")
+        parsed = []
+        for change in changes:
+            if not isinstance(change, dict) or not isinstance(change.get("identifier"), dict):
+                raise BadRequest("each of `table-changes` needs an `identifier`")
+            parsed.append(_change(_parse(CommitTableRequest, change, "table change")))
+        await self.catalog.commit(parsed)
+        return Response(status_code=204)
+
+    async def read_ts(self, request: Request) -> Response:
+        ts = await self.catalog.ordering.read_ts()
+        return JSONResponse({"timeline": self.catalog.ordering.timeline, "read-ts": ts})
+
+    async def closed(self, request: Request) -> Response:
+        ts = await self.catalog.ordering.closed()
+        return JSONResponse({"timeline": self.catalog.ordering.timeline, "closed-ts": ts})
+
+    async def _json(self, request: Request) -> dict[str, Any]:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            raise PayloadTooLarge(f"the request body is larger than {self.max_body} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body:
+                raise PayloadTooLarge(f"the request body is larger than {self.max_body} bytes")
+            chunks.append(chunk)
+        try:
+            body = json.loads(b"".join(chunks) or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            raise BadRequest("the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        return body
+
+
+def _ns(request: Request) -> tuple[str, ...]:
+    return check_namespace(request.path_params["namespace"].split(SEP))
+
+
+def _identifier(value: Any) -> tuple[tuple[str, ...], str]:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise BadRequest("an identifier needs `namespace` (a list of strings) and `name`")
+    return check_namespace(_strings(value.get("namespace"), "namespace")), \
+        check_name(value["name"])
+
+
+def _change(commit: CommitTableRequest) -> Change:
+    ident = commit.identifier
+    return Change(check_namespace(tuple(ident.namespace.root)), check_name(ident.name),
+                  commit.requirements, commit.updates)
+
+
+def _strings(value: Any, what: str, *, allow_empty: bool = False) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) \
+            or (not value and not allow_empty):
+        raise BadRequest(f"`{what}` must be a list of strings")
+    return value
+
+
+def _properties(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise BadRequest("`properties` must be an object of strings")
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in value.items()}
+
+
+def _parse(model: Any, body: dict[str, Any], what: str) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise BadRequest(f"invalid {what}: {where}: {first.get('msg')}") from None
+
+
+def _metadata(loaded: Loaded) -> Any:
+    return json.loads(loaded.metadata.model_dump_json())
+
+
+def _loaded(loaded: Loaded) -> Response:
+    body: dict[str, Any] = {"metadata": _metadata(loaded), "config": {}}
+    if loaded.metadata_location is not None:
+        body["metadata-location"] = loaded.metadata_location
+    return JSONResponse(body)
+
+
+def _page(request: Request, items: list[Any], key: Callable[[Any], str]
+          ) -> tuple[list[Any], dict[str, str]]:
+    """Pagination as the spec has it: `pageSize`, and `pageToken` from the previous page."""
+    size_text, after = request.query_params.get("pageSize"), request.query_params.get("pageToken")
+    if after:
+        items = [i for i in items if key(i) > after]
+    if not size_text:
+        return items, {}
+    if not size_text.isdigit() or int(size_text) < 1:
+        raise BadRequest("`pageSize` must be a positive integer")
+    size = int(size_text)
+    page = items[:size]
+    return page, ({"next-page-token": key(page[-1])} if len(items) > size else {})

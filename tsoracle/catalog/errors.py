@@ -1,0 +1,76 @@
+"""The REST spec's error model: each error is an HTTP status and the exception type engines
+map it to (Iceberg's Java client picks the exception by `type` within a status)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CatalogError(Exception):
+    status = 500
+    type = "RuntimeException"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.status}}
+
+
+class BadRequest(CatalogError):
+    status, type = 400, "BadRequestException"
+
+
+class NotAuthorized(CatalogError):
+    status, type = 401, "NotAuthorizedException"
+
+
+class NoSuchNamespace(CatalogError):
+    status, type = 404, "NoSuchNamespaceException"
+
+
+class NoSuchTable(CatalogError):
+    status, type = 404, "NoSuchTableException"
+
+
+class NoSuchView(CatalogError):
+    status, type = 404, "NoSuchViewException"
+
+
+class NotFound(CatalogError):
+    status, type = 404, "NotFoundException"
+
+
+class Unsupported(CatalogError):
+    status, type = 406, "UnsupportedOperationException"
+
+
+class AlreadyExists(CatalogError):
+    status, type = 409, "AlreadyExistsException"
+
+
+class NamespaceNotEmpty(CatalogError):
+    status, type = 409, "NamespaceNotEmptyException"
+
+
+class CommitFailed(CatalogError):
+    """Nothing was committed; the client may refresh and try again."""
+
+    status, type = 409, "CommitFailedException"
+
+
+class PayloadTooLarge(CatalogError):
+    status, type = 413, "BadRequestException"
+
+
+class Unavailable(CatalogError):
+    """Nothing was committed; the same request may be sent again later."""
+
+    status, type = 503, "ServiceUnavailableException"
+
+
+class CommitStateUnknown(CatalogError):
+    """The commit may or may not have landed: a client must not apply its changes again."""
+
+    status, type = 504, "CommitStateUnknownException"

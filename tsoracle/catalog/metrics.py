@@ -1,0 +1,18 @@
+"""The catalog's Prometheus metrics (served by `--metrics-port`, beside the oracle's)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+COMMITS = Counter("tsoracle_catalog_commits_total",
+                  "Commits (one table, several tables, or DDL) the catalog acknowledged")
+CONFLICTS = Counter("tsoracle_catalog_conflicts_total",
+                    "Commit attempts that landed nothing and took a fresh timestamp: another "
+                    "commit moved the table (moved) or the timeline's upper (superseded)",
+                    ["kind"])
+RETRIES = Counter("tsoracle_catalog_commit_retries_total",
+                  "Commit attempts retried inside the catalog at a fresh timestamp")
+REQUESTS = Histogram("tsoracle_catalog_request_seconds",
+                     "Requests by route and status, in seconds", ["route", "status"],
+                     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                              5, 10))

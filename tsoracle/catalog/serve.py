@@ -1,0 +1,151 @@
+"""Running the catalog: `tsoracle catalog serve` in the foreground, or `start()` on a thread of
+its own (the demo and tests serve it in-process beside Spark)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import uvicorn
+
+from tsoracle.catalog import state
+from tsoracle.catalog.app import MAX_BODY, build_app
+from tsoracle.catalog.metadata import Warehouse
+from tsoracle.catalog.ordering import Ordering
+from tsoracle.catalog.service import Catalog
+from tsoracle.errors import ConfigError
+from tsoracle.oracle.connect import open_instrumented_backend
+from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
+
+log = logging.getLogger("tsoracle.catalog")
+
+
+@dataclass(frozen=True)
+class CatalogConfig:
+    url: str  # the oracle's database (its schema holds the catalog's rows too)
+    warehouse: str
+    host: str = "127.0.0.1"
+    port: int = 8181
+    timeline: str = EPOCH_MILLISECONDS
+    token: str | None = None
+    max_body: int = MAX_BODY
+
+
+def read_token(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read --token-file {path}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"--token-file {path} is empty; put the bearer token in it")
+    return token
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another "
+                          "--host or --port (--port 0 picks a free one)") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
+                stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (or the process is interrupted); `on_ready(url)` once the
+    catalog accepts requests."""
+    if not config.warehouse:
+        raise ConfigError("--warehouse is required: where tables' files go (a file:// path, "
+                          "or an s3:// URI)")
+    warehouse = Warehouse(config.warehouse)
+    sock = _listen(config.host, config.port)
+    backend = await open_instrumented_backend(config.url, "catalog")
+    ordering: Ordering | None = None
+    try:
+        ordering = Ordering(config.url, config.timeline, backend,
+                            cleanup=lambda files: asyncio.to_thread(warehouse.delete, files))
+        await ordering.oracle.current()  # an uninitialised oracle or timeline fails here
+        await state.ensure(backend, config.timeline)
+        app = build_app(Catalog(backend, ordering, warehouse), token=config.token,
+                        max_body=config.max_body)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                               access_log=False))
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+
+        async def announce() -> None:
+            while not server.started:
+                await asyncio.sleep(0.01)
+            on_ready(f"http://{shown}:{port}")
+
+        async def stopper() -> None:
+            if stop is not None:
+                await stop.wait()
+                server.should_exit = True
+
+        tasks = [asyncio.create_task(announce()), asyncio.create_task(stopper())]
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            for t in tasks:
+                t.cancel()
+    finally:
+        sock.close()
+        if ordering is not None:
+            await ordering.close()
+        await backend.close()
+
+
+class RunningCatalog:
+    """A catalog on a thread of its own; `url` once started, `close()` to stop it."""
+
+    def __init__(self, config: CatalogConfig) -> None:
+        self.url = ""
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._thread = threading.Thread(target=self._main, args=(config,),
+                                        name="tsoracle-catalog", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _main(self, config: CatalogConfig) -> None:
+        def ready(url: str) -> None:
+            self.url = url
+            self._ready.set()
+
+        try:
+            self._loop.run_until_complete(serve(config, ready, self._stop))
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> RunningCatalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start(config: CatalogConfig) -> RunningCatalog:
+    return RunningCatalog(config)

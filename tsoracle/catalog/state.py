@@ -1,0 +1,206 @@
+"""The catalog's rows in the oracle's database: namespaces, table pointers and the upper.
+
+A table is a pointer to its current metadata file; a commit moves it by compare-and-set. The
+upper, one row per timeline, is the highest timestamp anything committed at or anyone read at:
+a commit at W lands only if W is above it, and raises it to W in the same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tsoracle.store import Backend, Tx, schema
+
+TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers")
+
+_DDL = (
+    """CREATE TABLE IF NOT EXISTS {iceberg_namespaces} (
+        namespace TEXT PRIMARY KEY, properties TEXT NOT NULL)""",
+    # kind: 'table' (views share the names: a view and a table may not have the same one)
+    """CREATE TABLE IF NOT EXISTS {iceberg_objects} (
+        namespace TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL,
+        metadata_location TEXT NOT NULL, PRIMARY KEY (namespace, name))""",
+    """CREATE TABLE IF NOT EXISTS {iceberg_uppers} (
+        timeline TEXT PRIMARY KEY, upper {u64:upper} NOT NULL)""",
+)
+
+SEP = "\x1f"  # between namespace levels in a row (the REST spec's own separator in URLs)
+Namespace = tuple[str, ...]
+
+
+def ns_key(namespace: Namespace) -> str:
+    return SEP.join(namespace)
+
+
+def ns_levels(key: str) -> Namespace:
+    return tuple(key.split(SEP))
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """Where a table's current metadata is."""
+
+    namespace: Namespace
+    name: str
+    kind: str
+    metadata_location: str
+
+
+@dataclass(frozen=True)
+class Swap:
+    """Move `name`'s pointer from `expected` (None: create it) to `new`."""
+
+    namespace: Namespace
+    name: str
+    expected: str | None
+    new: str
+    kind: str = "table"
+
+
+class Moved(Exception):
+    """A pointer was not where the commit expected it: nothing was written."""
+
+    def __init__(self, namespace: Namespace, name: str, found: str | None) -> None:
+        super().__init__(f"{'.'.join(namespace)}.{name} moved")
+        self.namespace, self.name, self.found = namespace, name, found
+
+
+class Superseded(Exception):
+    """The upper is at or above the commit's timestamp: nothing was written."""
+
+
+async def ensure(backend: Backend, timeline: str) -> None:
+    await schema.create(backend, _DDL, schema=False)  # the oracle's schema exists already
+    await backend.fetch(
+        "INSERT INTO {iceberg_uppers} (timeline, upper) VALUES (%(t)s, %(u)s::numeric)"
+        " ON CONFLICT (timeline) DO NOTHING", {"t": timeline, "u": backend.enc(0)})
+
+
+# --- namespaces -------------------------------------------------------------------------------
+
+async def namespaces(db: Backend | Tx) -> dict[Namespace, dict[str, str]]:
+    rows = await db.fetch("SELECT namespace, properties FROM {iceberg_namespaces}")
+    return {ns_levels(str(k)): json.loads(p) for k, p in rows}
+
+
+async def namespace(db: Backend | Tx, ns: Namespace) -> dict[str, str] | None:
+    rows = await db.fetch("SELECT properties FROM {iceberg_namespaces} WHERE namespace = %(n)s",
+                          {"n": ns_key(ns)})
+    return json.loads(rows[0][0]) if rows else None
+
+
+async def create_namespace(backend: Backend, ns: Namespace, properties: dict[str, str]) -> bool:
+    """False if it exists already (nothing changed)."""
+    rows = await backend.fetch(
+        "INSERT INTO {iceberg_namespaces} (namespace, properties) VALUES (%(n)s, %(p)s)"
+        " ON CONFLICT (namespace) DO NOTHING RETURNING namespace",
+        {"n": ns_key(ns), "p": json.dumps(properties)})
+    return bool(rows)
+
+
+async def set_namespace_properties(tx: Tx, ns: Namespace, properties: dict[str, str]) -> None:
+    await tx.fetch("UPDATE {iceberg_namespaces} SET properties = %(p)s WHERE namespace = %(n)s",
+                   {"n": ns_key(ns), "p": json.dumps(properties)})
+
+
+async def namespace_for_update(tx: Tx, ns: Namespace) -> dict[str, str] | None:
+    rows = await tx.fetch("SELECT properties FROM {iceberg_namespaces} WHERE namespace = %(n)s"
+                          " FOR UPDATE", {"n": ns_key(ns)})
+    return json.loads(rows[0][0]) if rows else None
+
+
+async def drop_namespace(tx: Tx, ns: Namespace) -> bool:
+    rows = await tx.fetch("DELETE FROM {iceberg_namespaces} WHERE namespace = %(n)s"
+                          " RETURNING namespace", {"n": ns_key(ns)})
+    return bool(rows)
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+async def objects(db: Backend | Tx, ns: Namespace, kind: str) -> list[str]:
+    rows = await db.fetch("SELECT name FROM {iceberg_objects} WHERE namespace = %(n)s"
+                          " AND kind = %(k)s ORDER BY name", {"n": ns_key(ns), "k": kind})
+    return [str(r[0]) for r in rows]
+
+
+async def count_objects(db: Backend | Tx, ns: Namespace) -> int:
+    rows = await db.fetch("SELECT COUNT(*) FROM {iceberg_objects} WHERE namespace = %(n)s",
+                          {"n": ns_key(ns)})
+    return int(rows[0][0])
+
+
+async def pointer(db: Backend | Tx, ns: Namespace, name: str) -> Pointer | None:
+    rows = await db.fetch("SELECT kind, metadata_location FROM {iceberg_objects}"
+                          " WHERE namespace = %(n)s AND name = %(t)s",
+                          {"n": ns_key(ns), "t": name})
+    return Pointer(ns, name, str(rows[0][0]), str(rows[0][1])) if rows else None
+
+
+async def swap(tx: Tx, moves: Sequence[Swap]) -> None:
+    """Compare-and-set every pointer in `moves`; raises `Moved` (roll back) on the first that
+    is not where it was expected."""
+    for m in moves:
+        params = {"n": ns_key(m.namespace), "t": m.name, "e": m.expected, "l": m.new,
+                  "k": m.kind}
+        if m.expected is None:
+            rows = await tx.fetch(
+                "INSERT INTO {iceberg_objects} (namespace, name, kind, metadata_location)"
+                " VALUES (%(n)s, %(t)s, %(k)s, %(l)s) ON CONFLICT (namespace, name) DO NOTHING"
+                " RETURNING name", params)
+        else:
+            rows = await tx.fetch(
+                "UPDATE {iceberg_objects} SET metadata_location = %(l)s WHERE namespace = %(n)s"
+                " AND name = %(t)s AND kind = %(k)s AND metadata_location = %(e)s"
+                " RETURNING name", params)
+        if not rows:
+            found = await pointer(tx, m.namespace, m.name)
+            raise Moved(m.namespace, m.name, found.metadata_location if found else None)
+
+
+async def remove(tx: Tx, ns: Namespace, name: str, kind: str, expected: str) -> None:
+    rows = await tx.fetch("DELETE FROM {iceberg_objects} WHERE namespace = %(n)s"
+                          " AND name = %(t)s AND kind = %(k)s AND metadata_location = %(e)s"
+                          " RETURNING name",
+                          {"n": ns_key(ns), "t": name, "k": kind, "e": expected})
+    if not rows:
+        found = await pointer(tx, ns, name)
+        raise Moved(ns, name, found.metadata_location if found else None)
+
+
+async def rename(tx: Tx, source: Pointer, ns: Namespace, name: str) -> None:
+    rows = await tx.fetch(
+        "UPDATE {iceberg_objects} SET namespace = %(n2)s, name = %(t2)s WHERE namespace = %(n)s"
+        " AND name = %(t)s AND metadata_location = %(e)s RETURNING name",
+        {"n": ns_key(source.namespace), "t": source.name, "e": source.metadata_location,
+         "n2": ns_key(ns), "t2": name})
+    if not rows:
+        found = await pointer(tx, source.namespace, source.name)
+        raise Moved(source.namespace, source.name, found.metadata_location if found else None)
+
+
+# --- the upper --------------------------------------------------------------------------------
+
+async def raise_upper(backend: Backend, timeline: str, ts: int) -> bool:
+    """Move the upper to `ts` if it is below; False if it was at or above `ts` already."""
+    rows = await backend.fetch(
+        "UPDATE {iceberg_uppers} SET upper = %(ts)s::numeric WHERE timeline = %(t)s"
+        " AND upper < %(ts)s::numeric RETURNING upper", {"t": timeline, "ts": backend.enc(ts)})
+    return bool(rows)
+
+
+async def claim(tx: Tx, backend: Backend, timeline: str, ts: int) -> None:
+    """Take `ts` as this transaction's commit timestamp, or raise `Superseded`."""
+    rows = await tx.fetch(
+        "UPDATE {iceberg_uppers} SET upper = %(ts)s::numeric WHERE timeline = %(t)s"
+        " AND upper < %(ts)s::numeric RETURNING upper", {"t": timeline, "ts": backend.enc(ts)})
+    if not rows:
+        raise Superseded(f"the catalog's upper on {timeline!r} is at or above {ts}")
+
+
+async def upper(backend: Backend, timeline: str) -> int:
+    rows = await backend.fetch("SELECT upper FROM {iceberg_uppers} WHERE timeline = %(t)s",
+                               {"t": timeline})
+    return backend.dec(rows[0][0]) if rows else 0
+

@@ -1,0 +1,328 @@
+"""`tsoracle catalog`: an Iceberg REST catalog whose commits take oracle timestamps, driven by
+pyiceberg (a real engine) and by raw HTTP for what engines never send (bad input)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NamespaceNotEmptyError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+
+import tsoracle
+from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
+
+pytestmark = pytest.mark.serializable  # a SERIALIZABLE PostgreSQL too (conftest.py)
+
+SCHEMA = pa.schema([("id", pa.int64()), ("who", pa.string())])
+
+
+@pytest.fixture
+def served(url: str, tmp_path: Path):
+    asyncio.run(tsoracle.init(url))
+    config = CatalogConfig(url=url, warehouse=str(tmp_path / "warehouse"), port=0)
+    with RunningCatalog(config) as running:
+        yield running, config
+
+
+@pytest.fixture
+def catalog(served) -> RestCatalog:
+    running, _ = served
+    return RestCatalog("tso", uri=running.url)
+
+
+def call(method: str, url: str, body: Any = None, *, raw: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as exc:
+        text = exc.read()
+        return exc.code, json.loads(text) if text else None
+
+
+def rows(table: Any, snapshot_id: int | None = None) -> list[int]:
+    scan = table.scan(snapshot_id=snapshot_id) if snapshot_id else table.scan()
+    return sorted(scan.to_arrow()["id"].to_pylist())
+
+
+def read_ts(base: str) -> int:
+    status, body = call("POST", f"{base}/v1/tsoracle/read-ts")
+    assert status == 200, body
+    return int(body["read-ts"])
+
+
+def test_tables_round_trip_and_snapshots_carry_oracle_timestamps(served, catalog):
+    running, _ = served
+    catalog.create_namespace("db", {"owner": "tests"})
+    assert catalog.list_namespaces() == [("db",)]
+    assert catalog.load_namespace_properties("db") == {"owner": "tests"}
+    table = catalog.create_table("db.events", schema=SCHEMA)
+    before = read_ts(running.url)
+    table.append(pa.table({"id": [1, 2], "who": ["a", "b"]}, schema=SCHEMA))
+    table.append(pa.table({"id": [3], "who": ["c"]}, schema=SCHEMA))
+    after = read_ts(running.url)
+
+    table = catalog.load_table("db.events")
+    assert rows(table) == [1, 2, 3]
+    stamps = [s.timestamp_ms for s in table.snapshots()]
+    # Each snapshot is stamped with the oracle's write timestamp of its commit: above every
+    # read timestamp handed out before it, and covered by the one read after it.
+    assert before < stamps[0] < stamps[1] <= after
+    assert [e.timestamp_ms for e in table.metadata.snapshot_log] == stamps
+    assert table.metadata.last_updated_ms == stamps[1]
+    first = table.snapshots()[0]
+    assert table.snapshot_as_of_timestamp(stamps[0]).snapshot_id == first.snapshot_id
+    assert rows(table, first.snapshot_id) == [1, 2]
+
+
+def test_namespace_and_table_lifecycle_errors_are_the_specs(catalog):
+    with pytest.raises(NoSuchNamespaceError):
+        catalog.create_table("nowhere.t", schema=SCHEMA)
+    catalog.create_namespace("db")
+    with pytest.raises(NamespaceAlreadyExistsError):
+        catalog.create_namespace("db")
+    catalog.create_table("db.t", schema=SCHEMA)
+    with pytest.raises(TableAlreadyExistsError):
+        catalog.create_table("db.t", schema=SCHEMA)
+    with pytest.raises(NamespaceNotEmptyError):
+        catalog.drop_namespace("db")
+    catalog.create_namespace("other")
+    catalog.rename_table("db.t", "other.u")
+    assert catalog.list_tables("other") == [("other", "u")]
+    with pytest.raises(NoSuchTableError):
+        catalog.load_table("db.t")
+    catalog.drop_table("other.u")
+    with pytest.raises(NoSuchTableError):
+        catalog.drop_table("other.u")
+    catalog.drop_namespace("db")
+    assert catalog.list_namespaces() == [("other",)]
+
+
+def test_a_stale_append_is_refused_then_retried_once(catalog, caplog):
+    catalog.create_namespace("db")
+    first = catalog.create_table("db.t", schema=SCHEMA)
+    second = catalog.load_table("db.t")
+    first.append(pa.table({"id": [1], "who": ["a"]}, schema=SCHEMA))
+    # `second` still believes the table has no snapshot: its requirement fails (409, nothing
+    # landed), and pyiceberg refreshes and appends again on top of `first`'s snapshot.
+    second.append(pa.table({"id": [2], "who": ["b"]}, schema=SCHEMA))
+    assert "concurrent update" in caplog.text
+    table = catalog.load_table("db.t")
+    assert rows(table) == [1, 2]
+    assert len(table.snapshots()) == 2
+
+
+def _set_properties(ns: str, name: str, **props: str) -> dict[str, Any]:
+    return {"identifier": {"namespace": [ns], "name": name}, "requirements": [],
+            "updates": [{"action": "set-properties", "updates": props}]}
+
+
+def test_a_transaction_lands_every_table_at_one_timestamp_or_none(served, catalog):
+    running, _ = served
+    catalog.create_namespace("db")
+    for name in ("a", "b"):
+        catalog.create_table(f"db.{name}", schema=SCHEMA)
+    status, _ = call("POST", f"{running.url}/v1/transactions/commit", {"table-changes": [
+        _set_properties("db", "a", step="1"), _set_properties("db", "b", step="1")]})
+    assert status == 204
+    a, b = catalog.load_table("db.a"), catalog.load_table("db.b")
+    assert a.properties["step"] == b.properties["step"] == "1"
+    assert a.metadata.last_updated_ms == b.metadata.last_updated_ms
+
+    stale = _set_properties("db", "b", step="2")
+    stale["requirements"] = [{"type": "assert-table-uuid", "uuid": str(a.metadata.table_uuid)}]
+    status, body = call("POST", f"{running.url}/v1/transactions/commit", {"table-changes": [
+        _set_properties("db", "a", step="2"), stale]})
+    assert status == 409 and body["error"]["type"] == "CommitFailedException", body
+    assert catalog.load_table("db.a").properties["step"] == "1"  # nothing of it landed
+
+
+def test_bad_input_gets_the_specs_errors_and_writes_nothing(served, catalog, tmp_path):
+    running, config = served
+    base = running.url
+    catalog.create_namespace("db")
+    catalog.create_table("db.t", schema=SCHEMA)
+    cases = [
+        ("POST", "/v1/namespaces", None, b"{not json", 400, "BadRequestException"),
+        ("POST", "/v1/namespaces", None, b"[1, 2]", 400, "BadRequestException"),
+        ("POST", "/v1/namespaces", {"namespace": []}, None, 400, "BadRequestException"),
+        ("POST", "/v1/namespaces", {"namespace": [""]}, None, 400, "BadRequestException"),
+        ("POST", "/v1/namespaces", {"namespace": "db"}, None, 400, "BadRequestException"),
+        ("GET", "/v1/namespaces/nowhere", None, None, 404, "NoSuchNamespaceException"),
+        ("GET", "/v1/namespaces/nowhere/tables", None, None, 404, "NoSuchNamespaceException"),
+        ("GET", "/v1/namespaces/db/tables/missing", None, None, 404, "NoSuchTableException"),
+        ("GET", "/v1/namespaces/nowhere/tables/t", None, None, 404,
+         "NoSuchNamespaceException"),
+        ("POST", "/v1/namespaces/db/tables/t", {"requirements": [{"type": "nonsense"}]}, None,
+         400, "BadRequestException"),
+        ("POST", "/v1/namespaces/db/tables/t",
+         {"requirements": [{"type": "assert-current-schema-id", "current-schema-id": 7}],
+          "updates": [{"action": "set-properties", "updates": {"x": "y"}}]}, None,
+         409, "CommitFailedException"),
+        ("POST", "/v1/namespaces/db/tables",
+         {"name": "outside", "location": str(tmp_path / "elsewhere"),
+          "schema": {"type": "struct", "schema-id": 0, "fields": []}}, None,
+         400, "BadRequestException"),
+        ("POST", "/v1/namespaces/db/tables",
+         {"name": "escape", "location": config.warehouse + "/../escape",
+          "schema": {"type": "struct", "schema-id": 0, "fields": []}}, None,
+         400, "BadRequestException"),
+        ("POST", "/v1/tables/rename", {"source": {"namespace": ["db"], "name": "t"}}, None,
+         400, "BadRequestException"),
+        ("POST", "/v1/namespaces/db/register",
+         {"name": "r", "metadata-location": str(tmp_path / "x.metadata.json")}, None,
+         400, "BadRequestException"),
+        ("GET", "/v1/no/such/route", None, None, 404, "NotFoundException"),
+    ]
+    for method, path, body, raw, status, kind in cases:
+        got, answer = call(method, base + path, body, raw=raw)
+        assert (got, answer["error"]["type"]) == (status, kind), (method, path, answer)
+        assert "Traceback" not in answer["error"]["message"]
+    assert _declared_too_large(base) == 413
+    assert catalog.list_namespaces() == [("db",)]
+    assert catalog.list_tables("db") == [("db", "t")]
+    assert catalog.load_table("db.t").properties == {}
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "escape").exists()
+
+
+def _declared_too_large(base: str) -> int:
+    """A request whose headers declare a body over the limit: refused before it is sent."""
+    parsed = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=30)
+    conn.putrequest("POST", "/v1/namespaces")
+    conn.putheader("Content-Length", str(17 * 1024 * 1024))
+    conn.endheaders()
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def test_a_token_is_required_when_configured(url, tmp_path):
+    asyncio.run(tsoracle.init(url))
+    config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0, token="s3cret")
+    with RunningCatalog(config) as running:
+        status, body = call("GET", running.url + "/v1/namespaces")
+        assert status == 401 and body["error"]["type"] == "NotAuthorizedException"
+        assert "s3cret" not in body["error"]["message"]
+        status, _ = call("GET", running.url + "/v1/namespaces",
+                         headers={"Authorization": "Bearer s3cret"})
+        assert status == 200
+        assert RestCatalog("tso", uri=running.url, token="s3cret").list_namespaces() == []
+
+
+def test_readers_at_read_ts_see_one_repeatable_cut_across_tables(served, catalog):
+    """Writers append id i to a, then to b; a reader at T = read_ts() must see b's ids within
+    a's, and the same rows when it reads at T again at the end."""
+    running, _ = served
+    catalog.create_namespace("db")
+    for name in ("a", "b"):
+        catalog.create_table(f"db.{name}", schema=SCHEMA)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    seen: list[tuple[int, list[int], list[int]]] = []
+
+    def writer(who: str, ids: range) -> None:
+        try:
+            own = RestCatalog("w", uri=running.url)
+            for i in ids:
+                for name in ("a", "b"):
+                    for _ in range(20):  # another writer's commit moved the table: retry
+                        try:
+                            own.load_table(f"db.{name}").append(
+                                pa.table({"id": [i], "who": [who]}, schema=SCHEMA))
+                            break
+                        except CommitFailedException:
+                            continue
+                    else:
+                        raise AssertionError(f"append of {i} to {name} kept failing")
+        except BaseException as exc:
+            failures.append(exc)
+
+    def reader() -> None:
+        try:
+            own = RestCatalog("r", uri=running.url)
+            while not stop.is_set():
+                ts = read_ts(running.url)
+                cut = [_as_of(own.load_table(f"db.{n}"), ts) for n in ("a", "b")]
+                seen.append((ts, *cut))
+        except BaseException as exc:
+            failures.append(exc)
+
+    writers = [threading.Thread(target=writer, args=(w, range(k * 100, k * 100 + 6)))
+               for k, w in enumerate(["x", "y"])]
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for t in (*writers, *readers):
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    for t in readers:
+        t.join()
+    assert not failures, failures
+    assert len(seen) >= 2
+    for ts, a, b in seen:
+        assert set(b) <= set(a), (ts, a, b)
+    final = {n: catalog.load_table(f"db.{n}") for n in ("a", "b")}
+    assert rows(final["a"]) == rows(final["b"]) == sorted([*range(0, 6), *range(100, 106)])
+    for ts, a, b in seen:  # the same cut, read again after every commit landed
+        assert (_as_of(final["a"], ts), _as_of(final["b"], ts)) == (a, b), ts
+
+
+def _as_of(table: Any, ts: int) -> list[int]:
+    snapshot = table.snapshot_as_of_timestamp(ts)
+    return rows(table, snapshot.snapshot_id) if snapshot else []
+
+
+def test_two_replicas_on_one_database_lose_no_commit(url, tmp_path):
+    asyncio.run(tsoracle.init(url))
+    configs = [CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0) for _ in "ab"]
+    with RunningCatalog(configs[0]) as one, RunningCatalog(configs[1]) as two:
+        RestCatalog("1", uri=one.url).create_namespace("db")
+        RestCatalog("1", uri=one.url).create_table("db.t", schema=SCHEMA)
+        failures: list[BaseException] = []
+
+        def append(base: str, ids: range) -> None:
+            try:
+                cat = RestCatalog("c", uri=base)
+                for i in ids:
+                    while True:
+                        try:
+                            cat.load_table("db.t").append(
+                                pa.table({"id": [i], "who": [base]}, schema=SCHEMA))
+                            break
+                        except CommitFailedException:
+                            continue
+            except BaseException as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=append, args=(base, range(k * 100, k * 100 + 8)))
+                   for k, base in enumerate([one.url, two.url, one.url, two.url])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failures, failures
+        table = RestCatalog("c", uri=two.url).load_table("db.t")
+        assert rows(table) == sorted(i for k in range(4) for i in range(k * 100, k * 100 + 8))
+        stamps = [e.timestamp_ms for e in table.metadata.snapshot_log]
+        assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps) == 32

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import signal
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.parse
@@ -326,3 +329,49 @@ def test_two_replicas_on_one_database_lose_no_commit(url, tmp_path):
         assert rows(table) == sorted(i for k in range(4) for i in range(k * 100, k * 100 + 8))
         stamps = [e.timestamp_ms for e in table.metadata.snapshot_log]
         assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps) == 32
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tsoracle.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--url", "sqlite:///{tmp}/none.db"], "tsoracle init"),
+    (["--url", "postgresql://someone:pa55word@127.0.0.1:1/db"], "cannot connect"),
+    (["--url", "postgresql://someone:pa55word@db.internal.example:5432/db"], "cannot connect"),
+    (["--url", "sqlite:///{tmp}/o.db", "--timeline", "nope"], "unknown timeline"),
+    (["--url", "sqlite:///{tmp}/o.db", "--port", "70000"], "--port 70000"),
+    (["--url", "sqlite:///{tmp}/o.db", "--token-file", "{tmp}/missing"], "--token-file"),
+])
+def test_catalog_serve_refuses_bad_setups_in_one_line(tmp_path, args, says):
+    asyncio.run(tsoracle.init(f"sqlite:///{tmp_path}/o.db"))
+    done = _cli("catalog", "serve", "--warehouse", str(tmp_path / "wh"), "--port", "0",
+                *(a.format(tmp=tmp_path) for a in args))
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
+    for hidden in ("pa55word", "127.0.0.1", "db.internal.example"):
+        assert hidden not in done.stderr
+
+
+def test_catalog_serve_prints_its_address_and_serves(tmp_path):
+    url = f"sqlite:///{tmp_path}/o.db"
+    asyncio.run(tsoracle.init(url))
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    proc = subprocess.Popen([sys.executable, "-m", "tsoracle.cli", "catalog", "serve", "--url",
+                             url, "--warehouse", str(tmp_path / "wh"), "--port", "0",
+                             "--token-file", str(token)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()
+        assert first.startswith("catalog: http://127.0.0.1:"), first
+        catalog = RestCatalog("cli", uri=first.split(" ", 1)[1], token="t0ken")
+        catalog.create_namespace("db")
+        assert catalog.list_namespaces() == [("db",)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err, err

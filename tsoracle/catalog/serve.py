@@ -7,8 +7,9 @@ import asyncio
 import logging
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import uvicorn
 
@@ -17,9 +18,13 @@ from tsoracle.catalog.app import MAX_BODY, build_app
 from tsoracle.catalog.metadata import Warehouse
 from tsoracle.catalog.ordering import Ordering
 from tsoracle.catalog.service import Catalog
-from tsoracle.errors import ConfigError
+from tsoracle.errors import ConfigError, OracleUnavailable
 from tsoracle.oracle.connect import open_instrumented_backend
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
+from tsoracle.redact import password_forms, redact_texts
+from tsoracle.store import parse_url
+
+T = TypeVar("T")
 
 log = logging.getLogger("tsoracle.catalog")
 
@@ -70,12 +75,18 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
                           "or an s3:// URI)")
     warehouse = Warehouse(config.warehouse)
     sock = _listen(config.host, config.port)
-    backend = await open_instrumented_backend(config.url, "catalog")
     ordering: Ordering | None = None
+    try:
+        backend = await _without_address(config.url, open_instrumented_backend(config.url,
+                                                                               "catalog"))
+    except BaseException:
+        sock.close()
+        raise
     try:
         ordering = Ordering(config.url, config.timeline, backend,
                             cleanup=lambda files: asyncio.to_thread(warehouse.delete, files))
-        await ordering.oracle.current()  # an uninitialised oracle or timeline fails here
+        # An uninitialised oracle or timeline fails here, before anything is served.
+        await _without_address(config.url, ordering.oracle.current())
         await state.ensure(backend, config.timeline)
         app = build_app(Catalog(backend, ordering, warehouse), token=config.token,
                         max_body=config.max_body)
@@ -105,6 +116,19 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
         if ordering is not None:
             await ordering.close()
         await backend.close()
+
+
+async def _without_address(url: str, step: Awaitable[T]) -> T:
+    """`step`, whose errors name neither the database's password nor its host: the catalog
+    runs as a pod whose log is read widely (--url is the user's name for it)."""
+    try:
+        return await step
+    except OracleUnavailable as exc:
+        parsed = parse_url(url)
+        text = redact_texts(str(exc), [parsed.safe, parsed.host, *password_forms(url)],
+                            mark="<hidden>")
+        raise OracleUnavailable(f"{text} (the database of --url; its address is not shown)") \
+            from None
 
 
 class RunningCatalog:

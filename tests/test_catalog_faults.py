@@ -1,0 +1,249 @@
+"""The catalog under faults: lost COMMIT replies, injected serialization failures (both made on
+a real PostgreSQL by tsoracle_dev.pgfaults), flips of the oracle under load, and a replica
+killed in the middle of commits. In each, pyiceberg writers append one id per commit; then:
+
+- every acknowledged append is in the table exactly once (nothing acknowledged is lost);
+- no id is there twice (nothing committed twice), and nothing that was never sent;
+- the table's snapshot log is strictly increasing (no timestamp handed out twice).
+An append may fail with CommitStateUnknown (504, the spec's "may have landed") or a 503; those
+ids are allowed in the table at most once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+
+import tsoracle
+from tsoracle.catalog.metrics import RETRIES
+from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
+from tsoracle_dev.pgfaults import LossyRelay, SerializationFaults
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+@dataclass
+class Appends:
+    acknowledged: list[int] = field(default_factory=list)
+    unknown: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def append_ids(uri: Callable[[], str], ids: range, out: Appends) -> None:
+    """Append each id in its own commit, retrying refused (409) commits as engines do."""
+    for i in ids:
+        for _ in range(50):
+            try:
+                table = RestCatalog("w", uri=uri()).load_table("db.t")
+                table.append(pa.table({"id": [i]}, schema=SCHEMA))
+                out.acknowledged.append(i)
+                break
+            except CommitFailedException:
+                continue
+            except CommitStateUnknownException:
+                out.unknown.append(i)
+                break
+            except Exception as exc:  # an unavailable replica (503, refused connection)
+                if "503" in str(exc) or "Connection" in str(exc) or "ServiceUnavailable" in \
+                        exc.__class__.__name__:
+                    out.unknown.append(i)
+                    time.sleep(0.2)
+                    break
+                out.errors.append(f"{i}: {exc.__class__.__name__}: {exc}")
+                break
+        else:
+            out.errors.append(f"{i}: refused 50 times")
+
+
+def check_table(uri: str, out: Appends, sent: set[int]) -> list[int]:
+    table = RestCatalog("check", uri=uri).load_table("db.t")
+    found = table.scan().to_arrow()["id"].to_pylist()
+    assert not out.errors, out.errors
+    assert len(found) == len(set(found)), "an id was committed twice"
+    assert set(out.acknowledged) <= set(found), "an acknowledged append is missing"
+    assert set(found) <= sent
+    assert set(found) - set(out.acknowledged) <= set(out.unknown)
+    stamps = [e.timestamp_ms for e in table.metadata.snapshot_log]
+    assert all(a < b for a, b in zip(stamps, stamps[1:], strict=False)), stamps
+    assert_files_exist(table)
+    return found
+
+
+def assert_files_exist(table: Any) -> None:
+    """The current metadata file and every one its log names are on disk (a catalog caches
+    metadata in memory: only the disk tells whether a file it deleted is still referenced)."""
+    for location in [table.metadata_location, *(e.metadata_file
+                                                 for e in table.metadata.metadata_log)]:
+        assert Path(urlparse(location).path).exists(), location
+
+
+def _prepare(uri: str) -> None:
+    catalog = RestCatalog("setup", uri=uri)
+    catalog.create_namespace("db")
+    catalog.create_table("db.t", schema=SCHEMA)
+
+
+def _run_writers(uri: Callable[[], str], writers: int, per_writer: int,
+                 during: Callable[[], None] | None = None) -> tuple[Appends, set[int]]:
+    out = Appends()
+    ranges = [range(w * 1000, w * 1000 + per_writer) for w in range(writers)]
+    threads = [threading.Thread(target=append_ids, args=(uri, r, out)) for r in ranges]
+    for t in threads:
+        t.start()
+    if during is not None:
+        during()
+    for t in threads:
+        t.join()
+    return out, {i for r in ranges for i in r}
+
+
+def test_lost_commit_replies_neither_duplicate_nor_lose_a_commit(pg, tmp_path):
+    relay = LossyRelay(pg.port, seed=7)
+    try:
+        url = relay.url(f"{pg.url()}?schema=c_{uuid.uuid4().hex[:8]}")
+        asyncio.run(tsoracle.init(url))
+        config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
+        with RunningCatalog(config) as running:
+            _prepare(running.url)
+            relay.rate = 0.05
+            out, sent = _run_writers(lambda: running.url, writers=3, per_writer=12)
+            relay.rate = 0.0
+            check_table(running.url, out, sent)
+        assert relay.lost > 0
+        assert len(out.acknowledged) >= len(sent) // 2, out
+    finally:
+        relay.close()
+
+
+def test_a_commit_whose_reply_was_lost_is_recognised_not_redone(pg, tmp_path):
+    """The next COMMIT reply after each `arm` is lost: the catalog's own transaction's. Its
+    retried body finds the pointer already moved to its file and answers success."""
+    relay = LossyRelay(pg.port)
+    try:
+        url = relay.url(f"{pg.url()}?schema=c_{uuid.uuid4().hex[:8]}")
+        asyncio.run(tsoracle.init(url))
+        config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
+        with RunningCatalog(config) as running:
+            _prepare(running.url)
+            table = RestCatalog("w", uri=running.url).load_table("db.t")
+            for i in range(4):
+                relay.arm(1)
+                table.append(pa.table({"id": [i]}, schema=SCHEMA))
+                assert relay.lost == i + 1
+            found = RestCatalog("c", uri=running.url).load_table("db.t")
+            assert sorted(found.scan().to_arrow()["id"].to_pylist()) == [0, 1, 2, 3]
+            assert len(found.snapshots()) == 4
+            assert_files_exist(found)
+    finally:
+        relay.close()
+
+
+def test_injected_serialization_failures_are_retried_unseen(pg, database, tmp_path):
+    schema = "s_" + uuid.uuid4().hex[:8]
+    url = f"{database}?schema={schema}"
+    asyncio.run(tsoracle.init(url))
+    faults = SerializationFaults(pg, database.rsplit("/", 1)[1])
+    config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
+    try:
+        with RunningCatalog(config) as running:
+            _prepare(running.url)
+            faults.install(schema, ("iceberg_objects", "iceberg_uppers", "timestamps"))
+            faults.set_rate(0.3)
+            out, sent = _run_writers(lambda: running.url, writers=3, per_writer=10)
+            faults.set_rate(0.0)
+            found = check_table(running.url, out, sent)
+        assert sorted(found) == sorted(sent) == sorted(out.acknowledged)
+    finally:
+        faults.set_rate(0.0)
+
+
+def test_flips_under_load_hand_out_no_timestamp_twice(url, tmp_path):
+    asyncio.run(tsoracle.init(url))
+    config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
+    with RunningCatalog(config) as running:
+        _prepare(running.url)
+        flips: list[str] = []
+
+        def flip_back_and_forth() -> None:
+            for target in ["legacy", "distributed", "legacy", "distributed"]:
+                time.sleep(0.4)
+                asyncio.run(tsoracle.flip(url, to=target))
+                flips.append(target)
+
+        before = RETRIES._value.get()
+        out, sent = _run_writers(lambda: running.url, writers=3, per_writer=10,
+                                 during=flip_back_and_forth)
+        found = check_table(running.url, out, sent)
+        assert flips == ["legacy", "distributed", "legacy", "distributed"]
+        assert sorted(found) == sorted(sent) == sorted(out.acknowledged)
+        assert RETRIES._value.get() >= before
+
+
+def test_a_replica_killed_mid_commit_loses_and_duplicates_nothing(url, tmp_path):
+    asyncio.run(tsoracle.init(url))
+    replicas: list[subprocess.Popen[str]] = []
+    addresses: list[str] = []
+
+    def start() -> None:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tsoracle.cli", "catalog", "serve", "--url", url,
+             "--warehouse", str(tmp_path / "wh"), "--port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line.startswith("catalog: "), (line, proc.stderr.read() if proc.stderr else "")
+        replicas.append(proc)
+        addresses.append(line.split(" ", 1)[1])
+
+    try:
+        start()
+        _prepare(addresses[-1])
+
+        def kill_and_replace() -> None:
+            for _ in range(2):
+                time.sleep(1.0)
+                os.kill(replicas[-1].pid, signal.SIGKILL)
+                replicas[-1].wait()
+                start()
+
+        out, sent = _run_writers(lambda: addresses[-1], writers=3, per_writer=12,
+                                 during=kill_and_replace)
+        found = check_table(addresses[-1], out, sent)
+        assert len(replicas) == 3
+        assert len(found) >= len(out.acknowledged) > 0
+    finally:
+        for proc in replicas:
+            proc.kill()
+            proc.communicate()
+
+
+def test_metadata_files_of_refused_attempts_are_removed(url, tmp_path):
+    asyncio.run(tsoracle.init(url))
+    config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
+    with RunningCatalog(config) as running:
+        _prepare(running.url)
+        out, sent = _run_writers(lambda: running.url, writers=4, per_writer=6)
+        check_table(running.url, out, sent)
+        table = RestCatalog("c", uri=running.url).load_table("db.t")
+    listed = {p.name for p in Path(tmp_path / "wh" / "db" / "t" / "metadata").glob(
+        "*.metadata.json")}
+    kept = {Path(e.metadata_file).name for e in table.metadata.metadata_log}
+    current = Path(table.metadata_location).name
+    # Every metadata file is one the table's history names: a refused attempt's is deleted.
+    assert listed == kept | {current}, listed - kept - {current}

@@ -26,7 +26,6 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
-import pytest
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 

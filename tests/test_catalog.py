@@ -375,3 +375,30 @@ def test_catalog_serve_prints_its_address_and_serves(tmp_path):
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert "Traceback" not in err, err
+
+
+def test_on_legacy_one_replica_leads_and_the_other_waits_for_a_flip(url, tmp_path):
+    """Legacy serves one process per timeline: the replica whose leadership was taken answers
+    503 and is not ready; once the deployment is flipped to distributed it serves again."""
+    asyncio.run(tsoracle.init(url, implementation="legacy"))
+    config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
+    with RunningCatalog(config) as first:
+        RestCatalog("1", uri=first.url).create_namespace("db")
+        with RunningCatalog(config) as second:  # opening the timeline takes leadership
+            RestCatalog("2", uri=second.url).create_table("db.t", schema=SCHEMA)
+            status, body = call("POST", f"{first.url}/v1/namespaces/db/tables/t",
+                                _set_properties("db", "t", k="v"))
+            assert status == 503 and body["error"]["type"] == "ServiceUnavailableException"
+            assert "tsoracle flip --to distributed" in body["error"]["message"]
+            assert call("GET", f"{first.url}/readyz")[0] == 503
+            assert call("GET", f"{second.url}/readyz")[0] == 200
+            asyncio.run(tsoracle.flip(url, to="distributed"))
+            assert call("GET", f"{first.url}/readyz")[0] == 200
+            status, body = call("POST", f"{first.url}/v1/namespaces/db/tables/t",
+                                _set_properties("db", "t", k="v"))
+            assert status == 200, body
+            assert catalog_props(second.url) == {"k": "v"}
+
+
+def catalog_props(base: str) -> dict[str, str]:
+    return dict(RestCatalog("p", uri=base).load_table("db.t").properties)

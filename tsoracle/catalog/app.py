@@ -28,10 +28,12 @@ from tsoracle.catalog.errors import (
     NotAuthorized,
     NotFound,
     PayloadTooLarge,
+    Unavailable,
 )
 from tsoracle.catalog.metrics import REQUESTS
 from tsoracle.catalog.service import Catalog, Change, Loaded, check_name, check_namespace
 from tsoracle.catalog.state import SEP
+from tsoracle.errors import OracleError
 
 log = logging.getLogger("tsoracle.catalog")
 MAX_BODY = 16 * 1024 * 1024  # table metadata with many snapshots runs to megabytes, not more
@@ -77,6 +79,7 @@ def build_app(catalog: Catalog, *, token: str | None = None,
         Route("/v1/tsoracle/read-ts", api.read_ts, methods=["POST"]),
         Route("/v1/tsoracle/closed", api.closed, methods=["GET"]),
         Route("/healthz", api.healthz, methods=["GET"]),
+        Route("/readyz", api.readyz, methods=["GET"]),
     ]
     app = Starlette(routes=[Route(r.path, _guarded(r.endpoint, token, r.path), methods=r.methods)
                             for r in routes])
@@ -91,7 +94,7 @@ def _guarded(endpoint: Callable[..., Any], token: str | None, route: str) -> Han
     async def handle(request: Request) -> Response:
         started = time.perf_counter()
         try:
-            if expected is not None and route != "/healthz":
+            if expected is not None and route not in ("/healthz", "/readyz"):
                 given = request.headers.get("authorization", "").encode()
                 if not hmac.compare_digest(given, expected):
                     raise NotAuthorized("a bearer token is required: the catalog's "
@@ -99,6 +102,9 @@ def _guarded(endpoint: Callable[..., Any], token: str | None, route: str) -> Han
             response: Response = await endpoint(request)
         except CatalogError as exc:
             response = _error(exc)
+        except OracleError as exc:  # the database or the oracle, after their own retries
+            log.warning("%s %s: %s", request.method, route, exc.__class__.__name__)
+            response = _error(Unavailable("the catalog's database is unavailable; try again"))
         except Exception:  # never a traceback to a client; the log has it
             log.exception("%s %s failed", request.method, route)
             response = JSONResponse({"error": {
@@ -134,8 +140,14 @@ class _Api:
         return JSONResponse({"defaults": {}, "overrides": {}, "endpoints": ENDPOINTS})
 
     async def healthz(self, request: Request) -> Response:
-        await self.catalog.ordering.closed()  # the database answers
+        """Alive: the process answers (a restart would not fix the database)."""
         return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        """Ready: the database answers and this replica may take timestamps."""
+        await self.catalog.ordering.closed()
+        await self.catalog.ordering.ready()
+        return JSONResponse({"status": "ready"})
 
     async def namespaces(self, request: Request) -> Response:
         if request.method == "POST":

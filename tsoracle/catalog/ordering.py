@@ -8,7 +8,8 @@ higher one, or a reader sealed above it) lands nothing and tries again with a fr
 
 Legacy: the catalog is one more client of the timeline. On the legacy implementation, the
 process that opens the timeline leads it; a replica whose leadership another took answers
-503 until it is restarted (docs/iceberg.md, "Replicas"). On distributed, replicas share it.
+503, and is not ready, until the timeline is flipped to distributed (docs/iceberg.md,
+"Replicas"). On distributed, replicas share it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tsoracle.catalog import state
 from tsoracle.catalog.errors import CatalogError, CommitFailed, CommitStateUnknown, Unavailable
 from tsoracle.catalog.metrics import COMMITS, CONFLICTS, RETRIES
 from tsoracle.errors import LeadershipLost, OracleError
+from tsoracle.fencing import read_deployment
 from tsoracle.oracle import open_oracle
 from tsoracle.oracle.reopening import ReopeningOracle
 from tsoracle.store import Backend, Tx
@@ -53,7 +55,16 @@ class Ordering:
         self.backend = backend
         self._cleanup = cleanup
         self.oracle = ReopeningOracle(
-            lambda: open_oracle(url, timeline=timeline, implementation=None), name=timeline)
+            lambda: open_oracle(url, timeline=timeline, implementation=None), name=timeline,
+            still_lost=self._legacy_active)
+
+    async def _legacy_active(self) -> bool:
+        """A replica that lost a legacy timeline serves again once it is flipped away."""
+        return (await read_deployment(self.backend)).implementation == "legacy"
+
+    async def ready(self) -> None:
+        """Raise `Unavailable` unless this replica can serve commits now."""
+        await self._oracle_call(lambda: self.oracle.current())
 
     async def read_ts(self) -> int:
         """A timestamp every later commit lands above: `read_ts()`, then the upper sealed
@@ -123,8 +134,8 @@ class Ordering:
         except LeadershipLost:
             raise Unavailable(
                 f"another process leads the legacy timeline {self.timeline!r}; this catalog "
-                "replica serves no commits until it is restarted (or flip the timeline to the "
-                "distributed implementation)") from None
+                "replica serves no commits until the deployment is flipped to the distributed "
+                "implementation (`tsoracle flip --to distributed`)") from None
         except OracleError as exc:
             raise Unavailable(f"the oracle is unavailable: {exc}") from None
 

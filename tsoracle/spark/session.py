@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 # Iceberg ships one runtime jar per Spark minor and Scala version; pyproject's `spark` extra pins
-# PySpark to SPARK_MINOR. 1.12.0 is the newest runtime for Spark 4.1 (none for 4.0 or 4.2+).
+# PySpark to SPARK_MINOR. 1.12.0 is the newest runtime for Spark 4.1 (the 4.0 one ends at 1.11.0).
 ICEBERG_VERSION = "1.12.0"
 SPARK_MINOR = "4.1"
 SCALA_VERSION = "2.13"

@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,6 +23,7 @@ from tsoracle.spark.session import (
 
 ROOT = Path(__file__).resolve().parent.parent
 URI = "http://127.0.0.1:8181"
+TOKEN = "spark-test-t0ken-4f1c"
 
 
 @pytest.fixture
@@ -87,60 +85,26 @@ def test_conf_errors_never_carry_the_token(tmp_path):
     assert "s3cr3t" not in str(caught.value)
 
 
-# --- The REST catalog the Spark test talks to -------------------------------------------------
-# LEAD: replace `rest_catalog_uri` with tsoracle's own catalog (`tsoracle catalog serve`); until
-# then it runs Iceberg's reference RESTCatalogServer (iceberg-open-api 1.11.0 test-fixtures, JDBC
-# on in-memory SQLite, Jetty 12) from jars a helper fetched by hand into /tmp/iceref/lib with
-# `mvn dependency:copy-dependencies` on the throwaway /tmp/iceref/pom.xml.
-REFERENCE_LIB = Path(os.environ.get("TSORACLE_REST_REFERENCE_LIB", "/tmp/iceref/lib"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
+# --- The REST catalog the Spark test talks to: tsoracle's own, on SQLite ----------------------
 
 @pytest.fixture(scope="module")
 def rest_catalog_uri(tmp_path_factory: pytest.TempPathFactory):
-    if not any(REFERENCE_LIB.glob("iceberg-open-api-*-test-fixtures.jar")):
-        pytest.fail(f"no Iceberg reference REST server in {REFERENCE_LIB}: this stand-in needs "
-                    "iceberg-open-api's test-fixtures jar and its dependencies there (or "
-                    "TSORACLE_REST_REFERENCE_LIB), until tsoracle's own catalog replaces the "
-                    "fixture", pytrace=False)
-    warehouse = tmp_path_factory.mktemp("warehouse")
-    port = _free_port()
-    log = (warehouse.parent / "rest-server.log").open("wb")
-    # The reference server takes its settings from CATALOG_* variables (CATALOG_REST_PORT is
-    # its `rest.port`).
-    env = {**os.environ, "CATALOG_REST_PORT": str(port),
-           "CATALOG_WAREHOUSE": warehouse.as_uri()}
-    server = subprocess.Popen(["java", "-cp", f"{REFERENCE_LIB}/*",
-                               "org.apache.iceberg.rest.RESTCatalogServer"],
-                              env=env, stdout=log, stderr=subprocess.STDOUT)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/v1/config", timeout=2):
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the reference REST server did not start (log: {log.name})",
-                                pytrace=False)
-                time.sleep(0.3)
-        yield uri
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
+    import asyncio
+
+    import tsoracle
+    from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
+
+    home = tmp_path_factory.mktemp("catalog")
+    url = f"sqlite:///{home / 'oracle.db'}"
+    asyncio.run(tsoracle.init(url))
+    with RunningCatalog(CatalogConfig(url=url, warehouse=str(home / "warehouse"), port=0,
+                                      token=TOKEN)) as running:
+        yield running.url
 
 
 # --- Spark ---------------------------------------------------------------------------------------
 # Each Spark half runs in a Python process of its own: the suite's session-wide `spark` fixture
 # is a SparkSession without Iceberg, and a process's Spark keeps the jars it started with.
-TOKEN = "spark-test-t0ken-4f1c"
 
 
 def _spark_round_trip(uri: str) -> dict[str, object]:

@@ -264,10 +264,11 @@ class Catalog:
     # --- helpers ------------------------------------------------------------------------------
 
     async def _pointer(self, ns: Namespace, name: str) -> state.Pointer:
+        # NoSuchTable even when the namespace is missing too: engines probe `db.t.snapshots`
+        # as the table `snapshots` in namespace `db.t`, and only a missing table sends them on
+        # to the metadata table.
         found = await state.pointer(self.backend, ns, name)
         if found is None or found.kind != TABLE:
-            if await state.namespace(self.backend, ns) is None:
-                raise NoSuchNamespace(f"namespace {_dotted(ns)} does not exist")
             raise NoSuchTable(f"table {_dotted((*ns, name))} does not exist")
         return found
 

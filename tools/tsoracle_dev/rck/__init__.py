@@ -103,7 +103,7 @@ def fetch_jars(timeout: float = FETCH_TIMEOUT) -> Path:
     # records what it was made from.
     shutil.copyfile(POM, tmp / "pom.xml")
     print(f"fetching Iceberg {ICEBERG_VERSION}'s REST Compatibility Kit from Maven "
-          "(once; about 15 s)...", file=sys.stderr)
+          "(once; about 10 s)...", file=sys.stderr)
     cmd = [mvn, "-q", "-B", "-f", str(tmp / "pom.xml"), "dependency:copy-dependencies",
            f"-DoutputDirectory={tmp / 'jars'}"]
     try:

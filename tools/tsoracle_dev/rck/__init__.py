@@ -78,6 +78,12 @@ def _require(tool: str) -> str:
                    "(Debian: apt-get install maven)")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: a killed run (a test, a fetch) leaves no JVM behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def cache_dir() -> Path:
     """Where the jars of this pom.xml live: a new pom (or Iceberg version) is a new folder."""
     digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:10]
@@ -107,7 +113,8 @@ def fetch_jars(timeout: float = FETCH_TIMEOUT) -> Path:
     cmd = [mvn, "-q", "-B", "-f", str(tmp / "pom.xml"), "dependency:copy-dependencies",
            f"-DoutputDirectory={tmp / 'jars'}"]
     try:
-        proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=_die_with_parent)
     except subprocess.TimeoutExpired:
         shutil.rmtree(tmp, ignore_errors=True)
         raise RckError(f"mvn did not fetch the kit's jars within {timeout:.0f} s") from None
@@ -121,17 +128,22 @@ def fetch_jars(timeout: float = FETCH_TIMEOUT) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         if not jars.is_dir():
             raise
-    # Folders of earlier poms of this version are dead weight.
+    # Folders of earlier poms of this version, and of fetches that were killed, are dead weight.
     for stale in CACHE.glob(f"rck-{ICEBERG_VERSION}-*"):
-        if stale != out and not stale.name.endswith(".tmp"):
+        if stale != out and not (stale.name.endswith(".tmp") and _fetching(stale)):
             shutil.rmtree(stale, ignore_errors=True)
     return jars
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: a killed test run must not leave a JVM behind."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _fetching(tmp: Path) -> bool:
+    """Whether the process named in a `<name>.<pid>.tmp` folder still runs."""
+    try:
+        os.kill(int(tmp.name.rsplit(".", 2)[-2]), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        pass  # another user's live process
+    return True
 
 
 def _java_env(catalog: Mapping[str, str]) -> dict[str, str]:

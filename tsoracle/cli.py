@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "timestamps)")
     c.add_argument("--token-file", metavar="FILE",
                    help="require `Authorization: Bearer <the file's contents>` on every request")
+    c.add_argument("--allow-location", action="append", default=[], metavar="URI",
+                   help="also allow table locations under this root (repeatable; by default "
+                        "every location must be under --warehouse)")
 
     c = cmd("operator", "run the Kubernetes operator for TimestampOracle resources", url=False)
     c.add_argument("--namespace", action="append", dest="namespaces", default=[],
@@ -376,7 +379,8 @@ def _catalog(args: argparse.Namespace) -> int:
         raise errors.ConfigError(f"--port {args.port} is not a port: give 0 to 65535")
     config = CatalogConfig(url=args.url, warehouse=args.warehouse, host=args.host,
                            port=args.port, timeline=args.timeline,
-                           token=read_token(args.token_file) if args.token_file else None)
+                           token=read_token(args.token_file) if args.token_file else None,
+                           allowed_locations=tuple(args.allow_location))
     return run(_serving(serve(config, lambda url: print(f"catalog: {url}", flush=True))))
 
 

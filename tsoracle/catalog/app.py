@@ -9,9 +9,11 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 from pydantic import ValidationError
 from pyiceberg.catalog.rest import CreateTableRequest, RegisterTableRequest
@@ -24,12 +26,13 @@ from starlette.routing import Route
 from tsoracle.catalog.errors import (
     BadRequest,
     CatalogError,
-    NoSuchTable,
     NotAuthorized,
     NotFound,
     PayloadTooLarge,
     Unavailable,
+    no_table,
 )
+from tsoracle.catalog.metadata import to_json
 from tsoracle.catalog.metrics import REQUESTS
 from tsoracle.catalog.service import Catalog, Change, Loaded, check_name, check_namespace
 from tsoracle.catalog.state import SEP
@@ -62,7 +65,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def build_app(catalog: Catalog, *, token: str | None = None,
-              max_body: int = MAX_BODY) -> Starlette:
+              max_body: int = MAX_BODY) -> Any:
     api = _Api(catalog, max_body)
     ns = "/v1/namespaces/{namespace}"
     routes = [
@@ -85,7 +88,7 @@ def build_app(catalog: Catalog, *, token: str | None = None,
                             for r in routes])
     app.add_exception_handler(404, _not_found)
     app.add_exception_handler(405, _not_allowed)
-    return app
+    return _KeepEncodedSlashes(app)
 
 
 def _guarded(endpoint: Callable[..., Any], token: str | None, route: str) -> Handler:
@@ -193,14 +196,14 @@ class _Api:
                              **token})
 
     async def table(self, request: Request) -> Response:
-        ns, name = _ns(request), check_name(request.path_params["table"])
+        ns, name = _ns(request), check_name(_param(request, "table"))
         if request.method == "DELETE":
             purge = request.query_params.get("purgeRequested", "false").lower() == "true"
             await self.catalog.drop_table(ns, name, purge)
             return Response(status_code=204)
         if request.method == "HEAD":
             if not await self.catalog.table_exists(ns, name):
-                raise NoSuchTable(f"table {name!r} does not exist")
+                raise no_table((*ns, name))
             return Response(status_code=204)
         if request.method == "POST":
             body = await self._json(request)
@@ -269,7 +272,31 @@ class _Api:
 
 
 def _ns(request: Request) -> tuple[str, ...]:
-    return check_namespace(request.path_params["namespace"].split(SEP))
+    return check_namespace(_param(request, "namespace").split(SEP))
+
+
+# A name may hold "/": engines send it as %2F, which routing must not take for a separator.
+ENCODED_SLASH = "\x1e"
+
+
+def _param(request: Request, name: str) -> str:
+    return str(request.path_params[name]).replace(ENCODED_SLASH, "/")
+
+
+class _KeepEncodedSlashes:
+    """ASGI wrapper: the request path with each %2F kept apart from the path's own slashes, so
+    that routing splits on the latter only (`_param` puts the former back)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        raw = scope.get("raw_path")
+        if scope["type"] == "http" and raw and b"%2f" in raw.lower():
+            text = raw.decode("latin-1").split("?", 1)[0]
+            text = re.sub("%2f", ENCODED_SLASH, text, flags=re.IGNORECASE)
+            scope = {**scope, "path": unquote(text)}
+        await self.app(scope, receive, send)
 
 
 def _identifier(value: Any) -> tuple[tuple[str, ...], str]:
@@ -310,7 +337,7 @@ def _parse(model: Any, body: dict[str, Any], what: str) -> Any:
 
 
 def _metadata(loaded: Loaded) -> Any:
-    return json.loads(loaded.metadata.model_dump_json())
+    return json.loads(to_json(loaded.metadata))
 
 
 def _loaded(loaded: Loaded) -> Response:

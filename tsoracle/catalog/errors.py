@@ -74,3 +74,38 @@ class CommitStateUnknown(CatalogError):
     """The commit may or may not have landed: a client must not apply its changes again."""
 
     status, type = 504, "CommitStateUnknownException"
+
+
+# Messages begin as Iceberg's own catalogs word them (engines and the REST Compatibility Kit
+# match on these beginnings); what to do follows.
+def dotted(parts: object) -> str:
+    return ".".join(str(p) for p in parts) if isinstance(parts, tuple | list) else str(parts)
+
+
+def no_namespace(ns: tuple[str, ...]) -> NoSuchNamespace:
+    return NoSuchNamespace(f"Namespace does not exist: {dotted(ns)}")
+
+
+def no_table(ident: tuple[str, ...]) -> NoSuchTable:
+    return NoSuchTable(f"Table does not exist: {dotted(ident)}")
+
+
+def no_view(ident: tuple[str, ...]) -> NoSuchView:
+    return NoSuchView(f"View does not exist: {dotted(ident)}")
+
+
+def namespace_taken(ns: tuple[str, ...]) -> AlreadyExists:
+    return AlreadyExists(f"Namespace already exists: {dotted(ns)}")
+
+
+def table_taken(ident: tuple[str, ...]) -> AlreadyExists:
+    return AlreadyExists(f"Table already exists: {dotted(ident)}")
+
+
+def view_taken(ident: tuple[str, ...]) -> AlreadyExists:
+    return AlreadyExists(f"View with same name already exists: {dotted(ident)}")
+
+
+def not_empty(ns: tuple[str, ...]) -> NamespaceNotEmpty:
+    return NamespaceNotEmpty(f"Namespace {dotted(ns)} is not empty: drop its tables, views "
+                             "and namespaces first")

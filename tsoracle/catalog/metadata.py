@@ -3,6 +3,7 @@ commit timestamp, and reading and writing metadata files in the warehouse."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -13,17 +14,27 @@ from pyiceberg.catalog import MetastoreCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
-from pyiceberg.serializers import FromInputFile, ToOutputFile
+from pyiceberg.schema import Schema, index_by_name
+from pyiceberg.serializers import Compressor, FromInputFile
 from pyiceberg.table.locations import load_location_provider
-from pyiceberg.table.metadata import TableMetadata, new_table_metadata
+from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil, new_table_metadata
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.table.update import (
+    AddPartitionSpecUpdate,
+    AddSchemaUpdate,
     AddSnapshotUpdate,
+    AddSortOrderUpdate,
+    SetCurrentSchemaUpdate,
+    SetDefaultSortOrderUpdate,
+    SetDefaultSpecUpdate,
     SetLocationUpdate,
     TableRequirement,
     TableUpdate,
+    UpgradeFormatVersionUpdate,
     update_table_metadata,
 )
+from pyiceberg.typedef import IcebergBaseModel
+from pyiceberg.types import NestedField, StructType
 
 from tsoracle.catalog.errors import BadRequest, CommitFailed
 
@@ -33,8 +44,11 @@ CACHED_METADATA = 256  # metadata files are immutable: a small cache saves a rea
 class Warehouse:
     """Where tables live: a root URI every table location must be under, and its FileIO."""
 
-    def __init__(self, uri: str, properties: dict[str, str] | None = None) -> None:
+    def __init__(self, uri: str, properties: dict[str, str] | None = None,
+                 allowed: Sequence[str] = ()) -> None:
         self.uri = _normalise(uri)
+        # Other roots an administrator allows table locations under (--allow-location).
+        self.roots = [self.uri, *(_normalise(a) for a in allowed)]
         self.properties = {"warehouse": self.uri, **(properties or {})}
         self._ios: dict[str, FileIO] = {}
         self._cache: OrderedDict[str, TableMetadata] = OrderedDict()
@@ -53,12 +67,15 @@ class Warehouse:
         return f"{self.uri}/{'/'.join(namespace)}/{name}"
 
     def inside(self, location: str) -> str:
-        """`location`, normalised, if it is within the warehouse; BadRequest otherwise."""
+        """`location` as given, if it is within the warehouse (once normalised); BadRequest
+        otherwise."""
         normal = _normalise(location)
-        if normal != self.uri and not normal.startswith(self.uri + "/"):
+        if not any(normal == root or normal.startswith(root.rstrip("/") + "/")
+                   for root in self.roots):
             raise BadRequest(f"location {location!r} is outside the catalog's warehouse "
-                             f"{self.uri!r}; leave the location out, or give one under it")
-        return normal
+                             f"{self.uri!r}; leave the location out, or give one under it (or "
+                             "allow its root with the catalog's --allow-location)")
+        return location
 
     def read(self, location: str) -> TableMetadata:
         found = self._cache.get(location)
@@ -68,7 +85,9 @@ class Warehouse:
         return found
 
     def write(self, metadata: TableMetadata, location: str) -> None:
-        ToOutputFile.table_metadata(metadata, self.io(location).new_output(location))
+        data = Compressor.get_compressor(location).bytes_compressor()(to_json(metadata).encode())
+        with self.io(location).new_output(location).create(overwrite=False) as out:
+            out.write(data)
         self._remember(location, metadata)
 
     def delete(self, locations: Sequence[str]) -> None:
@@ -85,6 +104,12 @@ class Warehouse:
             self._cache.popitem(last=False)
 
 
+def to_json(metadata: TableMetadata) -> str:
+    """The metadata as JSON, format version 3 too: pyiceberg reads v3 and applies its updates
+    but refuses to write it, a guard for its own writers, which the catalog is not."""
+    return IcebergBaseModel.model_dump_json(metadata)
+
+
 def _normalise(location: str) -> str:
     """One spelling per place: `file:/x`, `file:///x` and `/x` are all `file:///x`."""
     parsed = urlparse(location)
@@ -96,18 +121,92 @@ def _normalise(location: str) -> str:
     return f"{parsed.scheme}://{parsed.netloc}{'' if path in ('', '/', '.') else path}"
 
 
+# pyiceberg's words for a failed requirement -> the words of Iceberg's REST spec implementations
+# (Java's UpdateRequirement), which engines and the REST Compatibility Kit match on.
+_WORDING = (
+    ("Table already exists", "Requirement failed: table already exists"),
+    ("Table UUID does not match: ", "Requirement failed: UUID does not match: expected "),
+    ("last assigned field id has changed", "last assigned field id changed"),
+    ("current schema id has changed", "current schema changed"),
+    ("last assigned partition id has changed", "last assigned partition id changed"),
+    ("default spec id has changed", "default partition spec changed"),
+    ("default sort order id has changed", "default sort order changed"),
+)
+
+
 def check(requirements: Sequence[TableRequirement], base: TableMetadata | None) -> None:
     for requirement in requirements:
         try:
             requirement.validate(base)
         except CommitFailedException as exc:
-            raise CommitFailed(str(exc)) from None
+            message = str(exc)
+            for theirs, ours in _WORDING:
+                message = message.replace(theirs, ours)
+            raise CommitFailed(message) from None
+
+
+def _same(a: Any, b: Any, key: str) -> bool:
+    """Equal apart from the id (`key`): the same schema, spec or sort order."""
+    return bool(a.model_copy(update={key: 0}) == b.model_copy(update={key: 0}))
+
+
+_SET_ID: dict[type, str] = {SetCurrentSchemaUpdate: "schema_id", SetDefaultSpecUpdate: "spec_id",
+                            SetDefaultSortOrderUpdate: "sort_order_id"}
+
+
+def renumber(base: TableMetadata | None, updates: Sequence[TableUpdate]) -> list[TableUpdate]:
+    """`updates` with the ids of added schemas, specs and sort orders settled the way Iceberg's
+    own metadata builder settles them (which pyiceberg does not): one equal to an existing one
+    is that one; one whose id is taken gets the next free id; and "-1" (the last one added)
+    in the set-current/default update that follows names the id it got.
+
+    Two writers that replaced a table concurrently both send "sort order 1", for example; the
+    second, retried on the first's metadata, must add a sort order 2, not fail."""
+    kinds = {  # add update -> (field, id attribute, what base holds, the setter that follows)
+        AddSchemaUpdate: ("schema_", "schema_id", "schemas", SetCurrentSchemaUpdate),
+        AddPartitionSpecUpdate: ("spec", "spec_id", "partition_specs", SetDefaultSpecUpdate),
+        AddSortOrderUpdate: ("sort_order", "order_id", "sort_orders", SetDefaultSortOrderUpdate),
+    }
+    known = {add: list(getattr(base, held)) if base is not None else []
+             for add, (_, _, held, _) in kinds.items()}
+    last: dict[type, int] = {}  # setter -> the id the last add got
+    out: list[TableUpdate] = []
+    for update in updates:
+        kind = kinds.get(type(update))
+        if kind is not None:
+            field, key, _, setter = kind
+            item = getattr(update, field)
+            existing = [k for k in known[type(update)] if _same(k, item, key)]
+            if existing:
+                last[setter] = getattr(existing[0], key)
+                continue  # already there: nothing to add
+            taken = {getattr(k, key) for k in known[type(update)]}
+            if getattr(item, key) in taken:
+                item = item.model_copy(update={key: max(taken) + 1})
+                update = type(update)(**{field: item})
+            known[type(update)].append(item)
+            last[setter] = getattr(item, key)
+        else:
+            target = next((k for k in last if isinstance(update, k)), None)
+            if target is not None and getattr(update, _SET_ID[target]) == -1:
+                update = target(**{_SET_ID[target]: last[target]})
+        out.append(update)
+    return out
 
 
 def apply(base: TableMetadata | None, base_location: str | None,
           updates: Sequence[TableUpdate], ts: int, warehouse: Warehouse) -> TableMetadata:
     """`base` with `updates` applied as of `ts`: new snapshots and the log entries this commit
     adds carry `ts`, and so does last-updated-ms."""
+    updates = renumber(base, updates)
+    # pyiceberg applies updates to format version 3 tables but will not upgrade one to it: the
+    # updates are applied at version 2 and the result is raised to 3 (as the upgrade is, a
+    # change of the version number; next-row-id starts at 0).
+    to_v3 = any(isinstance(u, UpgradeFormatVersionUpdate) and u.format_version == 3
+                for u in updates) and (base is None or base.format_version < 3)
+    if to_v3:
+        updates = [UpgradeFormatVersionUpdate.model_validate({"format-version": 2})
+                   if isinstance(u, UpgradeFormatVersionUpdate) else u for u in updates]
     stamped = tuple(AddSnapshotUpdate(snapshot=u.snapshot.model_copy(update={"timestamp_ms": ts}))
                     if isinstance(u, AddSnapshotUpdate) else u for u in updates)
     for u in stamped:
@@ -118,8 +217,13 @@ def apply(base: TableMetadata | None, base_location: str | None,
             base if base is not None else MetastoreCatalog._empty_table_metadata(),
             stamped, enforce_validation=base is None, metadata_location=base_location)
     except (ValueError, AttributeError, KeyError, TypeError) as exc:
-        raise BadRequest(f"the table's updates cannot be applied: {exc}") from None
+        # Updates that do not apply to the table as it is now: refused as a conflict, so that
+        # an engine refreshes the table and builds its change again.
+        raise CommitFailed(f"the table's updates cannot be applied: {exc}") from None
     warehouse.inside(new.location)
+    if to_v3:
+        new = TableMetadataUtil.parse_obj({**json.loads(to_json(new)), "format-version": 3,
+                                           "next-row-id": 0})
     return stamp(new, base, ts)
 
 
@@ -127,14 +231,43 @@ def stamp(new: TableMetadata, base: TableMetadata | None, ts: int) -> TableMetad
     already = len(base.snapshot_log) if base is not None else 0
     log = [*new.snapshot_log[:already],
            *(e.model_copy(update={"timestamp_ms": ts}) for e in new.snapshot_log[already:])]
-    return new.model_copy(update={"last_updated_ms": ts, "snapshot_log": log})
+    return _complete(new.model_copy(update={"last_updated_ms": ts, "snapshot_log": log}))
 
 
-def create(schema: Any, spec: Any, order: Any, location: str, properties: dict[str, str],
+def _complete(metadata: TableMetadata) -> TableMetadata:
+    """Format version 3 requires next-row-id, which pyiceberg leaves unset on a new table."""
+    if metadata.format_version >= 3 and getattr(metadata, "next_row_id", 0) is None:
+        return metadata.model_copy(update={"next_row_id": 0})
+    return metadata
+
+
+def create(schema: Schema, spec: Any, order: Any, location: str, properties: dict[str, str],
            ts: int) -> TableMetadata:
     metadata = new_table_metadata(schema, spec or UNPARTITIONED_PARTITION_SPEC,
                                   order or UNSORTED_SORT_ORDER, location, dict(properties))
-    return metadata.model_copy(update={"last_updated_ms": ts})
+    fresh = metadata.schemas[0]
+    kept = Schema(*_with_defaults(fresh.fields, schema, ""), schema_id=fresh.schema_id,
+                  identifier_field_ids=fresh.identifier_field_ids)
+    return _complete(metadata.model_copy(update={"last_updated_ms": ts, "schemas": [kept]}))
+
+
+def _with_defaults(fields: Sequence[NestedField], requested: Schema,
+                   prefix: str) -> list[NestedField]:
+    """`fields` (renumbered by pyiceberg) with the default values the request gave them, which
+    pyiceberg's renumbering drops."""
+    out = []
+    for f in fields:
+        name = f"{prefix}{f.name}"
+        given = requested.find_field(name) if name in index_by_name(requested) else None
+        field_type = f.field_type
+        if isinstance(field_type, StructType):
+            field_type = StructType(*_with_defaults(field_type.fields, requested, name + "."))
+        update: dict[str, Any] = {"field_type": field_type}
+        if given is not None:
+            update |= {"initial_default": given.initial_default,
+                       "write_default": given.write_default}
+        out.append(f.model_copy(update=update))
+    return out
 
 
 def next_location(metadata: TableMetadata, base_location: str | None) -> str:

@@ -38,6 +38,7 @@ class CatalogConfig:
     timeline: str = EPOCH_MILLISECONDS
     token: str | None = None
     max_body: int = MAX_BODY
+    allowed_locations: tuple[str, ...] = ()  # roots besides the warehouse tables may live under
 
 
 def read_token(path: str) -> str:
@@ -73,7 +74,7 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
     if not config.warehouse:
         raise ConfigError("--warehouse is required: where tables' files go (a file:// path, "
                           "or an s3:// URI)")
-    warehouse = Warehouse(config.warehouse)
+    warehouse = Warehouse(config.warehouse, allowed=config.allowed_locations)
     sock = _listen(config.host, config.port)
     ordering: Ordering | None = None
     try:

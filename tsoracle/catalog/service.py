@@ -19,10 +19,11 @@ from tsoracle.catalog.errors import (
     AlreadyExists,
     BadRequest,
     CatalogError,
-    CommitFailed,
-    NamespaceNotEmpty,
-    NoSuchNamespace,
-    NoSuchTable,
+    namespace_taken,
+    no_namespace,
+    no_table,
+    not_empty,
+    table_taken,
 )
 from tsoracle.catalog.ordering import Ordering, Plan
 from tsoracle.catalog.state import Namespace
@@ -50,14 +51,17 @@ class Change:
     updates: Sequence[TableUpdate]
 
 
+_RESERVED = ("\x00", state.SEP, "\x1e")  # NUL, and the separators of levels and encoded slashes
+
+
 def check_namespace(ns: Sequence[str]) -> Namespace:
-    if not ns or any(not level or state.SEP in level or "\x00" in level for level in ns):
+    if not ns or any(not level or any(c in level for c in _RESERVED) for level in ns):
         raise BadRequest(f"invalid namespace {list(ns)!r}: give one or more non-empty levels")
     return tuple(ns)
 
 
 def check_name(name: str) -> str:
-    if not name or "\x00" in name or state.SEP in name:
+    if not name or any(c in name for c in _RESERVED):
         raise BadRequest(f"invalid table name {name!r}: give a non-empty name")
     return name
 
@@ -74,30 +78,29 @@ class Catalog:
     async def list_namespaces(self, parent: Namespace | None) -> list[Namespace]:
         known = await state.namespaces(self.backend)
         if parent and parent not in known:
-            raise NoSuchNamespace(f"namespace {_dotted(parent)} does not exist")
+            raise no_namespace(parent)
         depth = len(parent) if parent else 0
         return sorted(ns for ns in known
                       if len(ns) == depth + 1 and ns[:depth] == (parent or ()))
 
     async def create_namespace(self, ns: Namespace, properties: dict[str, str]) -> None:
         if not await state.create_namespace(self.backend, ns, properties):
-            raise AlreadyExists(f"namespace {_dotted(ns)} already exists")
+            raise namespace_taken(ns)
 
     async def load_namespace(self, ns: Namespace) -> dict[str, str]:
         found = await state.namespace(self.backend, ns)
         if found is None:
-            raise NoSuchNamespace(f"namespace {_dotted(ns)} does not exist")
+            raise no_namespace(ns)
         return found
 
     async def drop_namespace(self, ns: Namespace) -> None:
         async def body(tx: Tx) -> None:
             if await state.namespace_for_update(tx, ns) is None:
-                raise NoSuchNamespace(f"namespace {_dotted(ns)} does not exist")
+                raise no_namespace(ns)
             children = [k for k in await state.namespaces(tx)
                         if len(k) > len(ns) and k[:len(ns)] == ns]
             if await state.count_objects(tx, ns) or children:
-                raise NamespaceNotEmpty(f"namespace {_dotted(ns)} is not empty: drop its "
-                                        "tables, views and namespaces first")
+                raise not_empty(ns)
             await state.drop_namespace(tx, ns)
 
         await self.backend.transaction(body)
@@ -111,7 +114,7 @@ class Catalog:
         async def body(tx: Tx) -> dict[str, list[str]]:
             current = await state.namespace_for_update(tx, ns)
             if current is None:
-                raise NoSuchNamespace(f"namespace {_dotted(ns)} does not exist")
+                raise no_namespace(ns)
             missing = [k for k in removals if k not in current]
             removed = [k for k in removals if k in current]
             merged = {k: v for k, v in current.items() if k not in removed} | updates
@@ -146,12 +149,12 @@ class Catalog:
 
         if request.stage_create:
             if await state.pointer(self.backend, ns, name) is not None:
-                raise AlreadyExists(f"table {_dotted((*ns, name))} already exists")
+                raise table_taken((*ns, name))
             return Loaded(None, fresh(await self.ordering.closed()))
 
         async def build(ts: int, attempt: int) -> Plan[Loaded]:
             if await state.pointer(self.backend, ns, name) is not None:
-                raise AlreadyExists(f"table {_dotted((*ns, name))} already exists")
+                raise table_taken((*ns, name))
             new = fresh(ts)
             target = metadata.next_location(new, None)
             await asyncio.to_thread(self.warehouse.write, new, target)
@@ -187,7 +190,7 @@ class Catalog:
         creating = any(isinstance(r, AssertCreate) for r in change.requirements)
         if found is None and not creating:
             await self.load_namespace(ns)
-            raise NoSuchTable(f"table {_dotted((*ns, name))} does not exist")
+            raise no_table((*ns, name))
         if found is not None and found.kind != TABLE:
             raise AlreadyExists(f"{_dotted((*ns, name))} is a {found.kind}, not a table")
         if found is None:
@@ -195,12 +198,7 @@ class Catalog:
         base_location = found.metadata_location if found else None
         base = await self._read(base_location) if base_location else None
         metadata.check(change.requirements, base)
-        try:
-            new = metadata.apply(base, base_location, change.updates, ts, self.warehouse)
-        except BadRequest as exc:
-            if attempt:  # rebased on a table that moved since the client read it
-                raise CommitFailed(f"the table changed meanwhile: {exc.message}") from None
-            raise
+        new = metadata.apply(base, base_location, change.updates, ts, self.warehouse)
         target = metadata.next_location(new, base_location)
         await asyncio.to_thread(self.warehouse.write, new, target)
         return Loaded(target, new), state.Swap(ns, name, base_location, target)
@@ -234,7 +232,7 @@ class Catalog:
             found = await self._pointer(source, name)
             await self.load_namespace(dest)
             if await state.pointer(self.backend, dest, dest_name) is not None:
-                raise AlreadyExists(f"table {_dotted((*dest, dest_name))} already exists")
+                raise table_taken((*dest, dest_name))
             return Plan(None, renames=[(found, dest, dest_name)])
 
         await self.ordering.commit(build)
@@ -254,7 +252,7 @@ class Catalog:
             await self.load_namespace(ns)
             found = await state.pointer(self.backend, ns, name)
             if found is not None and not request.overwrite:
-                raise AlreadyExists(f"table {_dotted((*ns, name))} already exists")
+                raise table_taken((*ns, name))
             expected = found.metadata_location if found else None
             return Plan(Loaded(location, registered),
                         swaps=[state.Swap(ns, name, expected, location)])
@@ -269,7 +267,7 @@ class Catalog:
         # to the metadata table.
         found = await state.pointer(self.backend, ns, name)
         if found is None or found.kind != TABLE:
-            raise NoSuchTable(f"table {_dotted((*ns, name))} does not exist")
+            raise no_table((*ns, name))
         return found
 
     async def _read(self, location: str) -> TableMetadata:

@@ -31,6 +31,7 @@ from tsoracle.catalog.errors import (
     PayloadTooLarge,
     Unavailable,
     no_table,
+    no_view,
 )
 from tsoracle.catalog.metadata import to_json
 from tsoracle.catalog.metrics import REQUESTS
@@ -59,6 +60,13 @@ ENDPOINTS = [
     "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics",
     "POST /v1/{prefix}/tables/rename",
     "POST /v1/{prefix}/transactions/commit",
+    "GET /v1/{prefix}/namespaces/{namespace}/views",
+    "POST /v1/{prefix}/namespaces/{namespace}/views",
+    "GET /v1/{prefix}/namespaces/{namespace}/views/{view}",
+    "HEAD /v1/{prefix}/namespaces/{namespace}/views/{view}",
+    "POST /v1/{prefix}/namespaces/{namespace}/views/{view}",
+    "DELETE /v1/{prefix}/namespaces/{namespace}/views/{view}",
+    "POST /v1/{prefix}/views/rename",
 ]
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -78,6 +86,9 @@ def build_app(catalog: Catalog, *, token: str | None = None,
         Route(ns + "/tables/{table}/metrics", api.metrics, methods=["POST"]),
         Route(ns + "/register", api.register, methods=["POST"]),
         Route("/v1/tables/rename", api.rename, methods=["POST"]),
+        Route(ns + "/views", api.views, methods=["GET", "POST"]),
+        Route(ns + "/views/{view}", api.view, methods=["GET", "HEAD", "POST", "DELETE"]),
+        Route("/v1/views/rename", api.rename_view, methods=["POST"]),
         Route("/v1/transactions/commit", api.transaction, methods=["POST"]),
         Route("/v1/tsoracle/read-ts", api.read_ts, methods=["POST"]),
         Route("/v1/tsoracle/closed", api.closed, methods=["GET"]),
@@ -244,6 +255,40 @@ class _Api:
         await self.catalog.commit(parsed)
         return Response(status_code=204)
 
+    async def views(self, request: Request) -> Response:
+        ns = _ns(request)
+        if request.method == "POST":
+            body = await self._json(request)
+            return _view(*await self.catalog.create_view(ns, body))
+        names = await self.catalog.list_views(ns)
+        page, token = _page(request, names, lambda n: n)
+        return JSONResponse({"identifiers": [{"namespace": list(ns), "name": n} for n in page],
+                             **token})
+
+    async def view(self, request: Request) -> Response:
+        ns, name = _ns(request), check_name(_param(request, "view"))
+        if request.method == "DELETE":
+            await self.catalog.drop_view(ns, name)
+            return Response(status_code=204)
+        if request.method == "HEAD":
+            if not await self.catalog.view_exists(ns, name):
+                raise no_view((*ns, name))
+            return Response(status_code=204)
+        if request.method == "POST":
+            body = await self._json(request)
+            requirements, updates = body.get("requirements") or [], body.get("updates") or []
+            if not isinstance(requirements, list) or not isinstance(updates, list) or not all(
+                    isinstance(x, dict) for x in [*requirements, *updates]):
+                raise BadRequest("`requirements` and `updates` must be lists of objects")
+            return _view(*await self.catalog.replace_view(ns, name, requirements, updates))
+        return _view(*await self.catalog.load_view(ns, name))
+
+    async def rename_view(self, request: Request) -> Response:
+        body = await self._json(request)
+        source, dest = _identifier(body.get("source")), _identifier(body.get("destination"))
+        await self.catalog.rename_view(source[0], source[1], dest[0], dest[1])
+        return Response(status_code=204)
+
     async def read_ts(self, request: Request) -> Response:
         ts = await self.catalog.ordering.read_ts()
         return JSONResponse({"timeline": self.catalog.ordering.timeline, "read-ts": ts})
@@ -345,6 +390,11 @@ def _loaded(loaded: Loaded) -> Response:
     if loaded.metadata_location is not None:
         body["metadata-location"] = loaded.metadata_location
     return JSONResponse(body)
+
+
+def _view(location: str, metadata: Any) -> Response:
+    return JSONResponse({"metadata-location": location,
+                         "metadata": json.loads(metadata.model_dump_json()), "config": {}})
 
 
 def _page(request: Request, items: list[Any], key: Callable[[Any], str]

@@ -22,6 +22,13 @@ class BadRequest(CatalogError):
     status, type = 400, "BadRequestException"
 
 
+class InvalidArgument(CatalogError):
+    """A request the spec allows but whose content breaks the format's rules (Iceberg's Java
+    client raises IllegalArgumentException for it, by this type)."""
+
+    status, type = 400, "IllegalArgumentException"
+
+
 class NotAuthorized(CatalogError):
     status, type = 401, "NotAuthorizedException"
 
@@ -103,7 +110,19 @@ def table_taken(ident: tuple[str, ...]) -> AlreadyExists:
 
 
 def view_taken(ident: tuple[str, ...]) -> AlreadyExists:
-    return AlreadyExists(f"View with same name already exists: {dotted(ident)}")
+    return AlreadyExists(f"View already exists: {dotted(ident)}")
+
+
+def name_taken(ident: tuple[str, ...], found: str, wanted: str) -> AlreadyExists:
+    """Creating a `wanted` ("table"/"view") where a `found` one has the name."""
+    if found == wanted:
+        return table_taken(ident) if found == "table" else view_taken(ident)
+    return AlreadyExists(f"{found.capitalize()} with same name already exists: {dotted(ident)}")
+
+
+def rename_taken(source: tuple[str, ...], dest: tuple[str, ...], found: str) -> AlreadyExists:
+    return AlreadyExists(f"Cannot rename {dotted(source)} to {dotted(dest)}. "
+                         f"{found.capitalize()} already exists")
 
 
 def not_empty(ns: tuple[str, ...]) -> NamespaceNotEmpty:

@@ -3,6 +3,7 @@ commit timestamp, and reading and writing metadata files in the warehouse."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections import OrderedDict
@@ -89,6 +90,15 @@ class Warehouse:
         with self.io(location).new_output(location).create(overwrite=False) as out:
             out.write(data)
         self._remember(location, metadata)
+
+    def read_bytes(self, location: str) -> bytes:
+        with self.io(location).new_input(location).open() as f:
+            data: bytes = f.read()
+        return gzip.decompress(data) if location.endswith(".gz.metadata.json") else data
+
+    def write_bytes(self, data: bytes, location: str) -> None:
+        with self.io(location).new_output(location).create(overwrite=False) as out:
+            out.write(data)
 
     def delete(self, locations: Sequence[str]) -> None:
         for location in locations:

@@ -5,24 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyiceberg.catalog import delete_data_files, delete_files
+from pyiceberg.catalog import MetastoreCatalog, delete_data_files, delete_files
 from pyiceberg.catalog.rest import CreateTableRequest, RegisterTableRequest
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import AssertCreate, TableRequirement, TableUpdate
+from pyiceberg.view.metadata import ViewMetadata
 
-from tsoracle.catalog import metadata, state
+from tsoracle.catalog import metadata, state, views
 from tsoracle.catalog.errors import (
-    AlreadyExists,
     BadRequest,
     CatalogError,
+    name_taken,
     namespace_taken,
     no_namespace,
     no_table,
+    no_view,
     not_empty,
+    rename_taken,
     table_taken,
 )
 from tsoracle.catalog.ordering import Ordering, Plan
@@ -30,7 +34,7 @@ from tsoracle.catalog.state import Namespace
 from tsoracle.store import Backend, Tx
 
 log = logging.getLogger("tsoracle.catalog")
-TABLE = "table"
+TABLE, VIEW = "table", "view"
 
 
 @dataclass(frozen=True)
@@ -148,13 +152,11 @@ class Catalog:
                                    request.write_order, location, request.properties, ts)
 
         if request.stage_create:
-            if await state.pointer(self.backend, ns, name) is not None:
-                raise table_taken((*ns, name))
+            await self._free(ns, name, TABLE)
             return Loaded(None, fresh(await self.ordering.closed()))
 
         async def build(ts: int, attempt: int) -> Plan[Loaded]:
-            if await state.pointer(self.backend, ns, name) is not None:
-                raise table_taken((*ns, name))
+            await self._free(ns, name, TABLE)
             new = fresh(ts)
             target = metadata.next_location(new, None)
             await asyncio.to_thread(self.warehouse.write, new, target)
@@ -192,7 +194,7 @@ class Catalog:
             await self.load_namespace(ns)
             raise no_table((*ns, name))
         if found is not None and found.kind != TABLE:
-            raise AlreadyExists(f"{_dotted((*ns, name))} is a {found.kind}, not a table")
+            raise name_taken((*ns, name), found.kind, TABLE)
         if found is None:
             await self.load_namespace(ns)
         base_location = found.metadata_location if found else None
@@ -230,9 +232,7 @@ class Catalog:
 
         async def build(ts: int, attempt: int) -> Plan[None]:
             found = await self._pointer(source, name)
-            await self.load_namespace(dest)
-            if await state.pointer(self.backend, dest, dest_name) is not None:
-                raise table_taken((*dest, dest_name))
+            await self._rename_target(found, dest, dest_name)
             return Plan(None, renames=[(found, dest, dest_name)])
 
         await self.ordering.commit(build)
@@ -259,7 +259,102 @@ class Catalog:
 
         return await self.ordering.commit(build)
 
+    # --- views --------------------------------------------------------------------------------
+
+    async def list_views(self, ns: Namespace) -> list[str]:
+        await self.load_namespace(ns)
+        return await state.objects(self.backend, ns, VIEW)
+
+    async def load_view(self, ns: Namespace, name: str) -> tuple[str, ViewMetadata]:
+        found = await self._view(ns, name)
+        return found.metadata_location, await self._read_view(found.metadata_location)
+
+    async def view_exists(self, ns: Namespace, name: str) -> bool:
+        found = await state.pointer(self.backend, ns, name)
+        return found is not None and found.kind == VIEW
+
+    async def create_view(self, ns: Namespace, request: dict[str, Any]
+                          ) -> tuple[str, ViewMetadata]:
+        name = check_name(str(request.get("name") or ""))
+        props = await self.load_namespace(ns)
+        given = request.get("location")
+        location = (self.warehouse.inside(str(given)) if given
+                    else self.warehouse.table_location(ns, name, props))
+
+        async def build(ts: int, attempt: int) -> Plan[tuple[str, ViewMetadata]]:
+            await self._free(ns, name, VIEW)
+            new = views.create(request, location, ts)
+            target = self._view_file(new, 0)
+            await self._write_view(new, target)
+            return Plan((target, new), swaps=[state.Swap(ns, name, None, target, VIEW)],
+                        written=[target])
+
+        return await self.ordering.commit(build)
+
+    async def replace_view(self, ns: Namespace, name: str, requirements: list[dict[str, Any]],
+                           updates: list[dict[str, Any]]) -> tuple[str, ViewMetadata]:
+        async def build(ts: int, attempt: int) -> Plan[tuple[str, ViewMetadata]]:
+            found = await self._view(ns, name)
+            base = await self._read_view(found.metadata_location)
+            views.check(requirements, base)
+            new = views.apply(base, updates, ts)
+            self.warehouse.inside(new.location)
+            version = MetastoreCatalog._parse_metadata_version(found.metadata_location) + 1
+            target = self._view_file(new, version)
+            await self._write_view(new, target)
+            return Plan((target, new), written=[target], swaps=[
+                state.Swap(ns, name, found.metadata_location, target, VIEW)])
+
+        return await self.ordering.commit(build)
+
+    async def drop_view(self, ns: Namespace, name: str) -> None:
+        async def build(ts: int, attempt: int) -> Plan[None]:
+            return Plan(None, drops=[await self._view(ns, name)])
+
+        await self.ordering.commit(build)
+
+    async def rename_view(self, source: Namespace, name: str, dest: Namespace,
+                          dest_name: str) -> None:
+        check_name(dest_name)
+
+        async def build(ts: int, attempt: int) -> Plan[None]:
+            found = await self._view(source, name)
+            await self._rename_target(found, dest, dest_name)
+            return Plan(None, renames=[(found, dest, dest_name)])
+
+        await self.ordering.commit(build)
+
+    async def _view(self, ns: Namespace, name: str) -> state.Pointer:
+        found = await state.pointer(self.backend, ns, name)
+        if found is None or found.kind != VIEW:
+            raise no_view((*ns, name))
+        return found
+
+    def _view_file(self, view: ViewMetadata, version: int) -> str:
+        folder = view.properties.get("write.metadata.path") or f"{view.location}/metadata"
+        self.warehouse.inside(folder)
+        return f"{folder.rstrip('/')}/{version:05d}-{uuid.uuid4()}.metadata.json"
+
+    async def _read_view(self, location: str) -> ViewMetadata:
+        return views.parse(await asyncio.to_thread(self.warehouse.read_bytes, location))
+
+    async def _write_view(self, metadata_: ViewMetadata, location: str) -> None:
+        await asyncio.to_thread(self.warehouse.write_bytes, views.to_json(metadata_).encode(),
+                                location)
+
     # --- helpers ------------------------------------------------------------------------------
+
+    async def _free(self, ns: Namespace, name: str, kind: str) -> None:
+        """Raise AlreadyExists unless no table or view has this name."""
+        found = await state.pointer(self.backend, ns, name)
+        if found is not None:
+            raise name_taken((*ns, name), found.kind, kind)
+
+    async def _rename_target(self, source: state.Pointer, dest: Namespace, name: str) -> None:
+        await self.load_namespace(dest)
+        taken = await state.pointer(self.backend, dest, name)
+        if taken is not None:
+            raise rename_taken((*source.namespace, source.name), (*dest, name), taken.kind)
 
     async def _pointer(self, ns: Namespace, name: str) -> state.Pointer:
         # NoSuchTable even when the namespace is missing too: engines probe `db.t.snapshots`

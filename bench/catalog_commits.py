@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 import pyarrow as pa
@@ -49,6 +49,7 @@ from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
+from sqlalchemy.engine import URL
 
 import tsoracle
 from tsoracle.redact import password_forms, redact_texts
@@ -100,8 +101,12 @@ class Targets:
         with psycopg.connect(base_url, autocommit=True) as conn:
             conn.execute(f"CREATE SCHEMA {jdbc_schema}")  # a fresh hex name: nothing to quote
         parts = urlsplit(base_url)
-        self.jdbc_uri = urlunsplit(("postgresql+psycopg", parts.netloc, parts.path,
-                                    "options=" + quote(f"-csearch_path={jdbc_schema}"), ""))
+        self.jdbc_uri = URL.create(
+            "postgresql+psycopg", username=unquote(parts.username or ""),
+            password=unquote(parts.password or ""),
+            host=parts.hostname, port=parts.port, database=parts.path.lstrip("/"),
+            query={"options": f"-csearch_path={jdbc_schema}"}).render_as_string(
+                hide_password=False)
         self.jdbc_warehouse = (workdir / "jdbc-warehouse").as_uri()
         tso_warehouse = str(workdir / "tsoracle-warehouse")
         asyncio.run(tsoracle.init(self.oracle_url))

@@ -131,7 +131,11 @@ class Targets:
             self._running = RunningCatalog(CatalogConfig(url=self.oracle_url,
                                                          warehouse=tso_warehouse, port=0))
             self.rest_uri = self._running.url
-        self.client("jdbc")  # SqlCatalog makes its tables once, before committers race to
+        try:
+            self.client("jdbc").close()  # SqlCatalog makes its tables once, not in a race
+        except BaseException:
+            self.close()
+            raise
 
     def client(self, catalog: str) -> Catalog:
         if catalog == "tsoracle":

@@ -350,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         args.url = args.url or os.environ.get("TSORACLE_URL") or DEFAULT_URL
     try:
         if args.command == "demo":
-            with needs_extra("spark", "`tsoracle demo`"):  # the demo imports Spark lazily
+            # The demo imports Spark, then the catalog's pyiceberg, lazily.
+            with needs_extra("spark", "`tsoracle demo`"), \
+                    needs_extra("iceberg", "`tsoracle demo`"):
                 from tsoracle.spark.demo import run_demo
 
                 return run_demo(writers=args.writers, batches=args.batches, rows=args.rows,

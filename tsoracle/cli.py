@@ -116,12 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd("finish-rollout", "end the rollout window (Rollout fencing mode)")
 
-    c = cmd("demo", "the main job: Spark writers and readers on the embedded default, with a "
-            "flip mid-run", url=False)
+    c = cmd("demo", "the main job: Spark writers and readers on Iceberg tables through tsoracle's "
+            "catalog, on the embedded default, with a flip mid-run", url=False)
     c.add_argument("--writers", type=int, default=3, help="writer threads")
-    c.add_argument("--batches", type=int, default=4, help="appends per writer")
+    c.add_argument("--batches", type=int, default=4,
+                   help="batches per writer (each appended to orders, then to shipments)")
     c.add_argument("--rows", type=int, default=50, help="rows per append")
-    c.add_argument("--data-dir", help="keep the data here (default: a temporary directory)")
+    c.add_argument("--data-dir", help="keep the oracle and the warehouse here (default: a "
+                   "temporary directory)")
 
     c = cmd("catalog", "an Iceberg REST catalog whose commits the oracle orders", url=False)
     actions = c.add_subparsers(dest="catalog_command", required=True, metavar="ACTION")

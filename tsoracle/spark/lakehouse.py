@@ -181,8 +181,9 @@ class Lakehouse:
         return as_of
 
     def _fresh_closed(self) -> int:
-        with self._lock:
-            self._closed = None
+        with self._lock:  # out of date now, but still the floor it never moves below
+            if self._closed is not None:
+                self._closed = (float("-inf"), self._closed[1])
         return self.closed_ts()
 
     # --- reads --------------------------------------------------------------------------------

@@ -239,7 +239,8 @@ def test_bad_input_is_said_in_the_users_terms(lake, spark, ns):
 
 def test_an_unreachable_catalog_or_a_wrong_token_names_the_url_never_the_token(spark, tmp_path):
     dead = Lakehouse(spark, "http://127.0.0.1:9", catalog_name="dead", token="s3cr3t-t0ken")
-    for call in (dead.read_ts, dead.closed_ts, lambda: dead.read("a.b", as_of=5)):
+    for call in (dead.read_ts, dead.closed_ts, lambda: dead.read("a.b", as_of=5),
+                 lambda: dead.create_table("a.b", SCHEMA)):  # the last one through Spark
         with pytest.raises(CatalogUnavailable) as caught:
             call()
         assert "http://127.0.0.1:9" in str(caught.value) and "s3cr3t" not in str(caught.value)

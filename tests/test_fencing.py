@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import pytest
 
@@ -353,3 +354,23 @@ async def test_a_reopening_client_does_not_carry_a_timestamp_into_a_new_deployme
             await client.apply_write(old)
     assert (await client.read_ts()) < old  # nothing carried over; the client serves again
     await client.close()
+
+
+async def test_deleting_a_deployment_drops_the_tables_of_earlier_releases_too(pg):
+    # An upgraded deployment still has the Parquet changelog's catalog tables, which nothing
+    # creates any more; before, the schema outlived its deletion (not empty).
+    from tsoracle.oracle.connect import admin_backend
+    from tsoracle.oracle.provision import drop_deployment
+    from tsoracle.store.dialect import RETIRED_TABLES
+
+    schema = "old_" + uuid.uuid4().hex[:8]
+    url = f"{pg.url()}?schema={schema}"
+    await tsoracle.init(url)
+    async with admin_backend(url) as backend:
+        for table in sorted(RETIRED_TABLES):
+            await backend.execute_ddl(backend.dialect.render(
+                "CREATE TABLE {" + table + "} (x INTEGER)"))
+        assert await drop_deployment(backend)
+    left = pg.sql(f"SELECT count(*) FROM information_schema.schemata WHERE schema_name = "
+                  f"'{schema}'")
+    assert int(left[0][0]) == 0

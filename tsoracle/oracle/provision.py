@@ -19,7 +19,7 @@ from tsoracle.fencing import (
 from tsoracle.fencing.tables import TABLES
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
 from tsoracle.store import Backend, Tx, schema
-from tsoracle.store.dialect import U64_MAX
+from tsoracle.store.dialect import RETIRED_TABLES, U64_MAX
 
 _INSERT = (
     "INSERT INTO {timestamps} (timeline, implementation, read_ts, write_ts, leader_epoch, epoch,"
@@ -124,6 +124,7 @@ DEPLOYMENT_TABLES = (*TABLES, *CATALOG_TABLES)
 
 
 async def drop_deployment(backend: Backend) -> bool:
-    """Remove the deployment's tables, then its schema if nothing else is in it
-    (deletionPolicy: Delete). Returns whether the schema itself was dropped."""
-    return await schema.drop(backend, DEPLOYMENT_TABLES)
+    """Remove the deployment's tables (and those of earlier releases, if there), then its
+    schema if nothing else is in it (deletionPolicy: Delete). Returns whether the schema
+    itself was dropped."""
+    return await schema.drop(backend, (*DEPLOYMENT_TABLES, *sorted(RETIRED_TABLES)))

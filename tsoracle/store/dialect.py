@@ -28,6 +28,10 @@ _FIELD_RE = re.compile(r"\{(\w+)(?::(\w+))?\}")
 # checks that the lists agree). A new table is added here too.
 TABLES = frozenset({"timestamps", "deployment",
                     "iceberg_namespaces", "iceberg_objects", "iceberg_uppers"})
+# Tables of earlier releases (the Parquet changelog's catalog, replaced by Iceberg): nothing
+# creates or reads them any more; deleting a deployment drops them if they are there.
+RETIRED_TABLES = frozenset({"table_catalog", "table_commits", "timeline_uppers", "table_tags",
+                            "table_since"})
 
 
 def expand(template: str, fragments: Mapping[str, str]) -> str:
@@ -49,7 +53,7 @@ def substitute(template: str, table: Callable[[str], str], u64: Callable[[str], 
             if name != "u64":
                 raise ValueError(f"unknown SQL template field {{{name}:{spec}}}")
             return u64(spec)
-        if name not in TABLES:
+        if name not in TABLES | RETIRED_TABLES:
             raise ValueError(
                 f"unknown SQL template field {{{name}}}: neither a table of the schema "
                 "(store/dialect.py TABLES) nor a fragment written in where the statement is "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import asyncio
 import json
 import os
@@ -209,9 +211,16 @@ def test_help_shows_every_default_and_never_the_url_it_holds(tmp_path):
 
     env = {**os.environ, "TSORACLE_URL": "postgresql://app:pw-in-env-xyz@db.internal/app"}
     parser = build_parser()
-    commands = parser._subparsers._group_actions[0].choices
-    for name, sub in commands.items():
-        out = subprocess.run([sys.executable, "-m", "tsoracle.cli", name, "--help"],
+    commands: list[tuple[list[str], argparse.ArgumentParser]] = []
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        if sub._subparsers is None:
+            commands.append(([name], sub))
+        else:  # `tsoracle catalog serve`: the actions of a command group
+            commands += [([name, action], p) for action, p in
+                         sub._subparsers._group_actions[0].choices.items()]
+    for argv, sub in commands:
+        name = " ".join(argv)
+        out = subprocess.run([sys.executable, "-m", "tsoracle.cli", *argv, "--help"],
                              capture_output=True, text=True, env=env, timeout=60).stdout
         flat = " ".join(out.split())
         assert "pw-in-env-xyz" not in out and "db.internal" not in out

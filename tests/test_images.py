@@ -113,7 +113,7 @@ def test_dockerfile_follows_the_image_recipe():
 DOCKERFILE_EDITS = {
     "suite": ("debian:bookworm-slim", "debian:trixie-slim"),
     "packages": ("python3 python3-venv", "python3 python3-venv curl"),
-    "extras": ('"/src[operator]"', '"/src[operator,spark]"'),
+    "extras": ('"/src[operator,iceberg]"', '"/src[operator,iceberg,spark]"'),
     "venv": ("venv --without-pip /opt/tsoracle", "venv --without-pip /opt/app"),
     "pip_python": ("&& /opt/tsoracle/bin/python", "&& /usr/bin/python3"),
     "user": ("--shell /usr/sbin/nologin tsoracle", "--shell /usr/sbin/nologin app"),
@@ -389,7 +389,11 @@ def test_the_operator_image_runs_as_the_chart_runs_it(containerd, imported):
     assert write.returncode != 0 and "Read-only file system" in write.stderr
 
 
-def test_the_operator_image_has_only_the_operator_extra(containerd, imported):
+def test_the_operator_image_has_only_the_operator_and_iceberg_extras(containerd, imported):
+    # iceberg: spec.catalog's pods run `tsoracle catalog serve` from this image.
+    catalog = ctr_run(containerd, images.OPERATOR_IMAGE_NORMALISED, "tsoracle", "catalog",
+                      "serve", "--help")
+    assert catalog.returncode == 0 and "--metrics-port" in catalog.stdout, catalog.stderr
     spark = ctr_run(containerd, images.OPERATOR_IMAGE_NORMALISED, "python", "-c",
                     "import pyspark")
     assert spark.returncode != 0 and "No module named 'pyspark'" in spark.stderr

@@ -260,7 +260,7 @@ def test_more_than_one_replica_on_legacy_is_said_so():
     out = outcome_of(spec_with(replicas=2), "legacy", ready=1)
     assert (out.condition.status, out.condition.reason) == ("True", "LegacyServesOneReplica")
     assert "spec.catalog.replicas is 2" in out.condition.message
-    assert "flipped to distributed" in out.condition.message
+    assert "spec.implementation: distributed" in out.condition.message
     assert outcome_of(spec_with(), "legacy").condition.reason == "Serving"
 
 

@@ -118,7 +118,8 @@ def desired(spec: OracleSpec, owner: Owner, image: str, suffix: str) -> Desired:
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         # Ready only while the database answers and the replica may take timestamps (on
-        # legacy, one replica serves: the others report not ready until a flip).
+        # legacy, a replica that lost the timeline to another is not): the Service then
+        # sends it no requests.
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"},
                            "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 2},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"},

@@ -263,12 +263,13 @@ def catalog_outcome(spec: OracleSpec, seen: CatalogObservation | None,
     ready = found.ready_replicas if found is not None else 0
     status = {"url": catalog.service_url(seen.owner), "replicas": c.replicas,
               "readyReplicas": ready}
-    # On legacy one replica serves (it leads the timeline); the others report not ready.
+    # On legacy one process leads the timeline at a time: one serving replica is all there is.
     expected = 1 if implementation == "legacy" else c.replicas
-    legacy_note = (f"spec.catalog.replicas is {c.replicas}, but on the legacy implementation "
-                   "one replica serves and the others report not ready until the resource is "
-                   "flipped to distributed; set spec.catalog.replicas: 1, or "
-                   "spec.implementation: distributed"
+    legacy_note = (f"spec.catalog.replicas is {c.replicas}, but the legacy implementation "
+                   "serves a timeline to one process at a time: more replicas add no "
+                   "throughput, and one that lost the timeline answers 503 (docs/iceberg.md, "
+                   "Replicas); set spec.catalog.replicas: 1, or spec.implementation: "
+                   "distributed"
                    if implementation == "legacy" and c.replicas > 1 else "")
     if blocker is not None:
         reason, message = blocker

@@ -283,7 +283,7 @@ def test_the_catalog_runs_as_pods_behind_its_service_and_the_oracle_stamps_commi
     """spec.catalog on the example resource: two catalog pods from the operator's image,
     Ready on /readyz, reached through the Service's ClusterIP (kube-proxy) with the bearer
     token; pyiceberg on this host commits through it, each snapshot stamped with an oracle
-    timestamp; on legacy one pod serves, back on distributed both; disabled, they go."""
+    timestamp, on distributed, on legacy (one replica) and back; disabled, they go."""
     import pyarrow as pa
     from pyiceberg.catalog.rest import RestCatalog
 
@@ -340,7 +340,17 @@ def test_the_catalog_runs_as_pods_behind_its_service_and_the_oracle_stamps_commi
     url = f"{node.pg_url}?schema=tsoracle_orders"
 
     def read_ts() -> int:
-        return json.loads(http(f"{base}/v1/tsoracle/read-ts", method="POST")[1])["read-ts"]
+        code, body = http(f"{base}/v1/tsoracle/read-ts", method="POST")
+        assert code == 200, body
+        return int(json.loads(body)["read-ts"])
+
+    def replicas(n: int) -> None:
+        kube.kubectl("-n", NS, "patch", "tso", "orders", "--type", "merge", "-p",
+                     json.dumps({"spec": {"catalog": {"replicas": n}}}))
+
+    def serving(n: int, what: str) -> None:
+        wait_for(what, lambda: len(catalog_pods(kube)) == n
+                 and len(ready_catalog_pods(kube)) == n, timeout=120)
 
     catalog = RestCatalog("tso", uri=base, token=CATALOG_TOKEN)
     catalog.create_namespace("shop")
@@ -349,15 +359,20 @@ def test_the_catalog_runs_as_pods_behind_its_service_and_the_oracle_stamps_commi
     for implementation, rows in (("distributed", [1, 2]), ("legacy", [3]),
                                  ("distributed", [4, 5])):
         if implementation == "legacy":
+            # Legacy serves the timeline to one process: one replica, then the flip.
+            replicas(1)
+            serving(1, "one catalog pod")
             flip_to(node, "legacy")
-            said = kube.wait_tso(NS, "orders", lambda o: condition(o, "CatalogReady").get(
-                "reason") == "LegacyServesOneReplica", timeout=60, what="the legacy caveat")
-            assert "spec.catalog.replicas is 2" in condition(said, "CatalogReady")["message"]
-            SEEN["catalog pods ready on legacy"] = len(ready_catalog_pods(kube))
         elif stamps:
+            # Two replicas on legacy: the caveat, in CatalogReady and a Warning Event.
+            replicas(2)
+            said = kube.wait_tso(NS, "orders", lambda o: condition(o, "CatalogReady").get(
+                "reason") == "LegacyServesOneReplica", timeout=120, what="the legacy caveat")
+            assert "spec.catalog.replicas is 2" in condition(said, "CatalogReady")["message"]
+            wait_for("the Warning Event", lambda: kube.events(NS, "LegacyServesOneReplica"),
+                     timeout=60)
             flip_to(node, "distributed")
-            wait_for("both catalog pods ready again",
-                     lambda: len(ready_catalog_pods(kube)) == 2, timeout=120)
+            serving(2, "both catalog pods ready on distributed")
         before = read_ts()
         table.append(pa.table({"id": pa.array(rows, pa.int64())}))
         snapshot = table.current_snapshot()

@@ -38,6 +38,7 @@ def main(url: str, warehouse: str, metrics_port: int, seconds: float) -> None:
                     table.append(pa.table({"writer": pa.array([me], pa.int32()),
                                            "n": pa.array([n], pa.int64())}))
                     n += 1
+                    time.sleep(0.1)  # a load, not a stress test: the machine is shared
                 except CommitFailedException:
                     table.refresh()  # another writer got there first: the engines' way
                 except Exception:  # noqa: BLE001 - the backend is down

@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "timestamps)")
     c.add_argument("--token-file", metavar="FILE",
                    help="require `Authorization: Bearer <the file's contents>` on every request")
+    c.add_argument("--io-property", action="append", default=[], metavar="KEY=VALUE",
+                   help="a FileIO setting for the warehouse (repeatable), e.g. "
+                        "s3.endpoint=http://minio:9000 or s3.region=eu-west-1; credentials come "
+                        "from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
     c.add_argument("--allow-location", action="append", default=[], metavar="URI",
                    help="also allow table locations under this root (repeatable; by default "
                         "every location must be under --warehouse)")
@@ -376,7 +380,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _catalog(args: argparse.Namespace) -> int:
     with needs_extra("iceberg", "`tsoracle catalog serve`"):
-        from tsoracle.catalog.serve import CatalogConfig, read_token, serve
+        from tsoracle.catalog.serve import (
+            CatalogConfig,
+            parse_io_property,
+            read_token,
+            serve,
+        )
 
     if not 0 <= args.port <= 65535:
         raise errors.ConfigError(f"--port {args.port} is not a port: give 0 to 65535")
@@ -387,6 +396,7 @@ def _catalog(args: argparse.Namespace) -> int:
                            port=args.port, timeline=args.timeline,
                            token=read_token(args.token_file) if args.token_file else None,
                            allowed_locations=tuple(args.allow_location),
+                           io_properties=tuple(parse_io_property(p) for p in args.io_property),
                            metrics_port=args.metrics_port)
     return run(_serving(serve(config, lambda url: print(f"catalog: {url}", flush=True))))
 

@@ -11,7 +11,7 @@ from tsoracle.errors import MissingExtra
 EXTRAS: dict[str, frozenset[str]] = {
     "operator": frozenset({"kopf", "kubernetes"}),
     "spark": frozenset({"pyspark"}),
-    "iceberg": frozenset({"pyiceberg", "pyarrow", "starlette", "uvicorn"}),
+    "iceberg": frozenset({"pyiceberg", "pyarrow", "pydantic", "starlette", "uvicorn"}),
 }
 
 

@@ -119,6 +119,11 @@ def _guarded(endpoint: Callable[..., Any], token: str | None, route: str) -> Han
         except OracleError as exc:  # the database or the oracle, after their own retries
             log.warning("%s %s: %s", request.method, route, exc.__class__.__name__)
             response = _error(Unavailable("the catalog's database is unavailable; try again"))
+        except OSError as exc:  # the warehouse (a file system, an object store) failed
+            log.warning("%s %s: the warehouse failed: %s", request.method, route, exc)
+            response = _error(Unavailable("the catalog could not read or write the warehouse; "
+                                          "nothing was committed, try again (the catalog's "
+                                          "log says why)"))
         except Exception:  # never a traceback to a client; the log has it
             log.exception("%s %s failed", request.method, route)
             response = JSONResponse({"error": {

@@ -16,3 +16,6 @@ REQUESTS = Histogram("tsoracle_catalog_request_seconds",
                      "Requests by route and status, in seconds", ["route", "status"],
                      buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
                               5, 10))
+GROUP_SIZE = Histogram("tsoracle_catalog_group_commits",
+                       "Commits landed together in one transaction at one timestamp",
+                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))

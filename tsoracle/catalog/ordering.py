@@ -14,14 +14,15 @@ process that opens the timeline leads it; a replica whose leadership another too
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from tsoracle.catalog import state
 from tsoracle.catalog.errors import CatalogError, CommitFailed, CommitStateUnknown, Unavailable
-from tsoracle.catalog.metrics import COMMITS, CONFLICTS, RETRIES
+from tsoracle.catalog.metrics import COMMITS, CONFLICTS, GROUP_SIZE, RETRIES
 from tsoracle.errors import LeadershipLost, OracleError
 from tsoracle.fencing import read_deployment
 from tsoracle.oracle import open_oracle
@@ -31,6 +32,7 @@ from tsoracle.store import Backend, Tx
 R = TypeVar("R")
 log = logging.getLogger("tsoracle.catalog")
 MAX_ATTEMPTS = 8  # fresh timestamps a commit may take before it reports contention
+MAX_GROUP = 256  # commits landed in one transaction at most
 
 
 @dataclass
@@ -45,6 +47,13 @@ class Plan(Generic[R]):
     written: list[str] = field(default_factory=list)
     extra: Callable[[Tx], Awaitable[None]] | None = None  # e.g. a namespace's properties
 
+    def keys(self) -> set[tuple[Any, ...]]:
+        """The names this plan changes: two plans that share one cannot land together."""
+        return {*((s.namespace, s.name) for s in self.swaps),
+                *((d.namespace, d.name) for d in self.drops),
+                *((r[0].namespace, r[0].name) for r in self.renames),
+                *((r[1], r[2]) for r in self.renames)}
+
 
 class Ordering:
     """The catalog's timeline: timestamps from the oracle, the upper in the catalog's rows."""
@@ -54,6 +63,8 @@ class Ordering:
         self.timeline = timeline
         self.backend = backend
         self._cleanup = cleanup
+        self._queue: list[_Waiting] = []
+        self._flusher: asyncio.Task[None] | None = None
         self.oracle = ReopeningOracle(
             lambda: open_oracle(url, timeline=timeline, implementation=None), name=timeline,
             still_lost=self._legacy_active)
@@ -84,49 +95,126 @@ class Ordering:
             landed = await self._attempt(build, attempt)
             if landed is not None:
                 COMMITS.inc()
-                return landed[0]
+                return cast(R, landed[0])
             RETRIES.inc()
         raise CommitFailed(f"the commit lost {MAX_ATTEMPTS} races for the catalog's timeline "
                            f"{self.timeline!r} in a row; try again")
 
-    async def _attempt(self, build: Callable[[int, int], Awaitable[Plan[R]]],
-                       attempt: int) -> tuple[R] | None:
-        ts = (await self._oracle_call(lambda: self.oracle.write_ts())).timestamp
-        plan = await build(ts, attempt)
+    async def _attempt(self, build: Callable[[int, int], Awaitable[Plan[Any]]],
+                       attempt: int) -> tuple[Any] | None:
+        """One try in the next group: (result,) if it landed, None if it must try again."""
+        waiting = _Waiting(build, attempt, asyncio.get_running_loop().create_future())
+        self._queue.append(waiting)
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_all())
+        return await waiting.done
+
+    async def _flush_all(self) -> None:
+        # Group commit: whatever queued while a group was landing goes in the next one.
         try:
-            await self.backend.transaction(lambda tx: self._land(tx, plan, ts))
-        except (state.Superseded, state.Moved) as exc:
-            await self._cleanup(plan.written)
-            CONFLICTS.labels(_kind(exc)).inc()
-            return None
-        except CatalogError:
-            await self._cleanup(plan.written)
-            raise
-        except OracleError as exc:
-            # The transaction's outcome is unknown (its COMMIT may have landed): keep the
-            # files, and tell the client not to apply its changes again.
-            raise CommitStateUnknown(
-                f"the catalog's database did not confirm the commit ({exc.__class__.__name__}"
-                "); load the table to see whether it landed before retrying") from None
+            while self._queue:
+                group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+                await self._flush(group)
+        finally:
+            self._flusher = None
+
+    async def _flush(self, group: list[_Waiting]) -> None:
+        try:
+            ts = (await self._oracle_call(lambda: self.oracle.write_ts())).timestamp
+        except CatalogError as exc:
+            for w in group:
+                w.fail(exc)
+            return
+        built = await asyncio.gather(*(w.build(ts, w.attempt) for w in group),
+                                     return_exceptions=True)
+        members: list[tuple[_Waiting, Plan[Any]]] = []
+        touched: set[tuple[Any, ...]] = set()
+        for w, plan in zip(group, built, strict=True):
+            if isinstance(plan, BaseException):
+                w.fail(plan)
+            elif plan.keys() & touched:  # a table twice: the later one goes in the next group
+                await self._cleanup(plan.written)
+                self._queue.insert(0, w)
+            else:
+                touched |= plan.keys()
+                members.append((w, plan))
+        if not members:
+            return
+        landed = await self._land_group(members, ts)
+        if landed is None:
+            return
         try:
             await self._oracle_call(lambda: self.oracle.apply_write(ts))
         except CatalogError as exc:
-            raise CommitStateUnknown(
-                f"the commit landed at {ts} but the oracle did not confirm it "
-                f"({exc.message}); it becomes visible once the oracle is back") from None
-        return (plan.result,)
+            for w, _ in landed:
+                w.fail(CommitStateUnknown(
+                    f"the commit landed at {ts} but the oracle did not confirm it "
+                    f"({exc.message}); it becomes visible once the oracle is back"))
+            return
+        for w, plan in landed:
+            w.succeed(plan.result)
 
-    async def _land(self, tx: Tx, plan: Plan[R], ts: int) -> None:
-        if await _landed(tx, plan):
-            return  # this body ran before and its COMMIT landed; the reply was lost
-        await state.claim(tx, self.backend, self.timeline, ts)
-        await state.swap(tx, plan.swaps)
-        for gone in plan.drops:
-            await state.remove(tx, gone.namespace, gone.name, gone.kind, gone.metadata_location)
-        for source, ns, name in plan.renames:
-            await state.rename(tx, source, ns, name)
-        if plan.extra is not None:
-            await plan.extra(tx)
+    async def _land_group(self, members: list[tuple[_Waiting, Plan[Any]]], ts: int
+                          ) -> list[tuple[_Waiting, Plan[Any]]] | None:
+        """One transaction for the group: the upper raised to `ts`, then each plan in a
+        savepoint of its own, so that one whose table moved lands nothing and the rest land.
+        Returns the members that landed (the others were told to try again), or None."""
+        outcome: dict[int, bool] = {}  # index -> landed, as the last complete body left it
+
+        async def body(tx: Tx) -> dict[int, bool]:
+            first = next((members[i][1] for i, ok in outcome.items() if ok), None)
+            if first is not None and await _landed(tx, first):
+                return dict(outcome)  # ran before and its COMMIT landed; the reply was lost
+            await state.claim(tx, self.backend, self.timeline, ts)
+            result: dict[int, bool] = {}
+            for i, (_, plan) in enumerate(members):
+                await tx.fetch("SAVEPOINT tsoracle_plan")
+                try:
+                    await _apply(tx, plan)
+                    await tx.fetch("RELEASE SAVEPOINT tsoracle_plan")
+                    result[i] = True
+                except state.Moved:
+                    await tx.fetch("ROLLBACK TO SAVEPOINT tsoracle_plan")
+                    result[i] = False
+            if not any(result.values()):
+                raise _NothingLanded()
+            outcome.clear()
+            outcome.update(result)
+            return result
+
+        try:
+            result = await self.backend.transaction(body)
+        except (state.Superseded, _NothingLanded) as exc:
+            kind = "superseded" if isinstance(exc, state.Superseded) else "moved"
+            for w, plan in members:
+                await self._cleanup(plan.written)
+                CONFLICTS.labels(kind).inc()
+                w.retry()
+            return None
+        except CatalogError as exc:
+            for w, plan in members:
+                await self._cleanup(plan.written)
+                w.fail(exc)
+            return None
+        except OracleError as exc:
+            # The transaction's outcome is unknown (its COMMIT may have landed): keep the
+            # files, and tell the clients not to apply their changes again.
+            for w, _ in members:
+                w.fail(CommitStateUnknown(
+                    f"the catalog's database did not confirm the commit ("
+                    f"{exc.__class__.__name__}); load the table to see whether it landed "
+                    "before retrying"))
+            return None
+        landed = []
+        for i, (w, plan) in enumerate(members):
+            if result[i]:
+                landed.append((w, plan))
+            else:
+                await self._cleanup(plan.written)
+                CONFLICTS.labels("moved").inc()
+                w.retry()
+        GROUP_SIZE.observe(len(landed))
+        return landed
 
     async def _oracle_call(self, fn: Callable[[], Awaitable[R]]) -> R:
         try:
@@ -143,7 +231,42 @@ class Ordering:
         await self.oracle.close()
 
 
-async def _landed(tx: Tx, plan: Plan[R]) -> bool:
+async def _apply(tx: Tx, plan: Plan[Any]) -> None:
+    await state.swap(tx, plan.swaps)
+    for gone in plan.drops:
+        await state.remove(tx, gone.namespace, gone.name, gone.kind, gone.metadata_location)
+    for source, ns, name in plan.renames:
+        await state.rename(tx, source, ns, name)
+    if plan.extra is not None:
+        await plan.extra(tx)
+
+
+class _NothingLanded(Exception):
+    """Every plan of a group found its table moved: roll back the upper too."""
+
+
+@dataclass
+class _Waiting:
+    """A commit attempt waiting for its group."""
+
+    build: Callable[[int, int], Awaitable[Plan[Any]]]
+    attempt: int
+    done: asyncio.Future[tuple[Any] | None]
+
+    def succeed(self, result: Any) -> None:
+        if not self.done.done():
+            self.done.set_result((result,))
+
+    def retry(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+
+async def _landed(tx: Tx, plan: Plan[Any]) -> bool:
     """Whether this plan's effects are already there (a retried transaction body)."""
     if plan.swaps:
         first = plan.swaps[0]
@@ -158,5 +281,3 @@ async def _landed(tx: Tx, plan: Plan[R]) -> bool:
     return False
 
 
-def _kind(exc: Exception) -> str:
-    return "superseded" if isinstance(exc, state.Superseded) else "moved"

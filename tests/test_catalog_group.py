@@ -1,0 +1,96 @@
+"""Group commit in the catalog: commits that queue while a group lands share the next
+transaction and its one timestamp, and one whose table moved lands nothing while the rest of
+its group lands (a savepoint each)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from pyiceberg.schema import Schema
+from pyiceberg.table.update import SetPropertiesUpdate
+from pyiceberg.types import LongType, NestedField
+
+import tsoracle
+from tsoracle.catalog import state
+from tsoracle.catalog.metadata import Warehouse
+from tsoracle.catalog.ordering import Ordering, Plan
+from tsoracle.catalog.service import Catalog, Change
+from tsoracle.oracle.connect import open_instrumented_backend
+
+pytestmark = pytest.mark.serializable
+
+SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
+
+
+async def _catalog(url: str, warehouse: Path) -> Catalog:
+    await tsoracle.init(url)
+    backend = await open_instrumented_backend(url, "catalog")
+    store = Warehouse(str(warehouse))
+    ordering = Ordering(url, "EpochMilliseconds", backend,
+                        cleanup=lambda files: asyncio.to_thread(store.delete, files))
+    await state.ensure(backend, "EpochMilliseconds")
+    return Catalog(backend, ordering, store)
+
+
+async def _tables(catalog: Catalog, n: int) -> list[str]:
+    from pyiceberg.catalog.rest import CreateTableRequest
+
+    await catalog.create_namespace(("db",), {})
+    names = [f"t{i}" for i in range(n)]
+    for name in names:
+        await catalog.create_table(("db",), CreateTableRequest.model_validate(
+            {"name": name, "location": None, "schema": SCHEMA.model_dump(by_alias=True),
+             "partition-spec": None, "write-order": None}))
+    return names
+
+
+def _set(name: str, value: str) -> Change:
+    return Change(("db",), name, (), (SetPropertiesUpdate(updates={"k": value}),))
+
+
+async def test_commits_queued_together_land_at_one_timestamp(url, tmp_path):
+    catalog = await _catalog(url, tmp_path / "wh")
+    try:
+        names = await _tables(catalog, 10)
+        # All ten queue before the first group starts (each runs to its first wait in turn).
+        done = await asyncio.gather(*(catalog.commit([_set(n, "x")]) for n in names))
+        stamps = {d[0].metadata.last_updated_ms for d in done}
+        assert len(stamps) == 1  # one group, one W
+        assert all(d[0].metadata.properties["k"] == "x" for d in done)
+        # Two commits to one table never share a group: the second lands at a later W, on
+        # top of the first.
+        first, second = await asyncio.gather(catalog.commit([_set("t0", "1")]),
+                                             catalog.commit([_set("t0", "2")]))
+        assert first[0].metadata.last_updated_ms < second[0].metadata.last_updated_ms
+        assert (await catalog.load_table(("db",), "t0")).metadata.properties["k"] == "2"
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()
+
+
+async def test_a_member_whose_table_moved_lands_nothing_and_the_rest_land(url, tmp_path):
+    catalog = await _catalog(url, tmp_path / "wh")
+    try:
+        await _tables(catalog, 2)
+        t0 = await state.pointer(catalog.backend, ("db",), "t0")
+        t1 = await state.pointer(catalog.backend, ("db",), "t1")
+        assert t0 is not None and t1 is not None
+        stale = Plan("stale", swaps=[state.Swap(("db",), "t0", "not-its-pointer", "x")])
+        good = Plan("good", swaps=[state.Swap(("db",), "t1", t1.metadata_location, "y")])
+        results = await asyncio.gather(catalog.ordering._attempt(_const(stale), 0),
+                                       catalog.ordering._attempt(_const(good), 0))
+        assert results == [None, ("good",)]  # the stale one is told to try again
+        assert (await state.pointer(catalog.backend, ("db",), "t0")) == t0
+        moved = await state.pointer(catalog.backend, ("db",), "t1")
+        assert moved is not None and moved.metadata_location == "y"
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()
+
+
+def _const(plan: Plan[str]):
+    async def build(ts: int, attempt: int) -> Plan[str]:
+        return plan
+    return build

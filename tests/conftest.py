@@ -151,14 +151,31 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def spark():
-    """One local Spark for the whole run (starting one costs seconds)."""
-    from pyspark.sql import SparkSession
+def lake_catalog(tmp_path_factory: pytest.TempPathFactory):
+    """tsoracle's Iceberg catalog on a SQLite oracle, served in-process for the whole run:
+    `.uri` (the catalog), `.url` (its oracle)."""
+    import asyncio
 
-    session = (SparkSession.builder.master("local[2]").appName("tsoracle-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    import tsoracle
+    from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
+
+    home = tmp_path_factory.mktemp("lake")
+    url = f"sqlite:///{home / 'oracle.db'}"
+    asyncio.run(tsoracle.init(url))
+    with RunningCatalog(CatalogConfig(url=url, warehouse=str(home / "warehouse"),
+                                      port=0)) as running:
+        yield SimpleNamespace(uri=running.url, url=url)
+
+
+@pytest.fixture(scope="session")
+def spark(lake_catalog):
+    """One local Spark for the whole run (starting one costs seconds), with Iceberg: its
+    catalog `tso` is `lake_catalog`, and a Lakehouse adds others while it runs. Spark fixes its
+    jars when the JVM starts, so the run's one JVM has Iceberg's; nothing in the suite needs
+    Spark without it in this process (test_spark_iceberg_session starts that in its own)."""
+    from tsoracle.spark.session import iceberg_session
+
+    session = iceberg_session(lake_catalog.uri, app_name="tsoracle-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -1,4 +1,6 @@
-"""The README's first command ends in `tsoracle demo`: run it as a user does (smaller)."""
+"""The README's first command ends in `tsoracle demo`: run it as a user does (smaller). It
+serves tsoracle's Iceberg catalog in-process and runs local Spark with Iceberg in its own
+process (this one's Spark, if any, is the suite's)."""
 
 from __future__ import annotations
 
@@ -20,5 +22,8 @@ def test_the_demo_runs_and_checks_its_invariants(tmp_path):
     out = proc.stdout
     assert "rows written         60 " in out and "rows read (final)    60 " in out
     assert "flipped distributed -> legacy" in out
+    assert "catalog: http://127.0.0.1:" in out
     checks = [line for line in out.splitlines() if line.startswith("    [")]  # the invariants
     assert len(checks) >= 10 and all(c.strip().startswith("[ok]") for c in checks), checks
+    named = " ".join(checks)
+    assert "cross-table" in named and "second engine" in named and "repeats" in named

@@ -238,14 +238,13 @@ def test_deletion_policy(kube, oracle_ns, pg):
     assert "s_keep" in schemas and "s_drop" not in schemas
 
 
-def test_spark_client_discovers_the_oracle_through_the_resource(kube, oracle_ns, tmp_path):
+def test_spark_client_discovers_the_oracle_through_the_resource(kube, oracle_ns):
     from tsoracle.spark import OracleClient
 
     ns = oracle_ns.name
     kube.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
     kube.wait_tso(ns, "orders", is_ready)
-    client = OracleClient.from_resource("orders", ns, data_dir=tmp_path,
-                                        kubeconfig=str(kube.kubeconfig),
+    client = OracleClient.from_resource("orders", ns, kubeconfig=str(kube.kubeconfig),
                                         timeline="counter:orders")
     try:
         assert client.resource_implementation == "distributed" and client.resource_epoch == 1
@@ -273,8 +272,7 @@ def test_chart_grants_spark_drivers_just_enough(kube, oracle_ns, tmp_path):
               "--set", "sparkDrivers.secretNames={oracle-db}")
     kube.kubectl("-n", ns, "create", "serviceaccount", "spark")
     kubeconfig = kube.token_kubeconfig(ns, "spark", tmp_path / "spark-kubeconfig")
-    client = OracleClient.from_resource("orders", ns, data_dir=tmp_path,
-                                        kubeconfig=str(kubeconfig))
+    client = OracleClient.from_resource("orders", ns, kubeconfig=str(kubeconfig))
     try:
         assert client.read_ts("EpochMilliseconds") >= 0  # the CR and its Secret were readable
     finally:

@@ -262,7 +262,6 @@ async def test_a_flip_waiting_behind_maintenance_does_not_stall_writers(pg):
 _FROZEN_WRITER = """
 import asyncio, os, signal, sys
 from tsoracle.store import open_backend, parse_url, postgres
-from tsoracle.spark import catalog
 
 postgres.IDLE_IN_TRANSACTION_S = 1  # the test's limit; the product's is 10 s
 
@@ -271,7 +270,7 @@ async def main() -> None:
     await backend.open()
 
     async def body(tx) -> None:
-        await tx.fetch("UPDATE {timeline_uppers} SET upper = upper + 1 WHERE timeline = 't'")
+        await tx.fetch("UPDATE {iceberg_uppers} SET upper = upper + 1 WHERE timeline = 't'")
         [(pid,)] = await tx.fetch("SELECT pg_backend_pid()")
         print(pid, flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)  # gone, as far as the server can tell
@@ -283,12 +282,13 @@ asyncio.run(main())
 
 
 async def test_a_writer_that_vanished_mid_commit_does_not_stall_the_timeline(pg_url):
-    """A Spark driver killed while its commit transaction held the timeline's row lock, with
-    no FIN reaching the server (seen on the dev node: the rerun waited 15 min and more)."""
+    """A catalog replica killed while its commit transaction held the timeline's upper row
+    lock, with no FIN reaching the server (seen on the dev node with a Spark driver: the rerun
+    waited 15 min and more)."""
     import subprocess
     import sys
 
-    from tsoracle.spark import catalog
+    from tsoracle.catalog import state
     from tsoracle.store import open_backend, parse_url
 
     await tsoracle.init(pg_url, timelines=[COUNTER])
@@ -296,22 +296,21 @@ async def test_a_writer_that_vanished_mid_commit_does_not_stall_the_timeline(pg_
     await backend.open()
     writer = None
     try:
-        await catalog.ensure_catalog(backend)
-        await catalog.register(backend, catalog.TableInfo("t", "t", [], [], "/nowhere"))
+        await state.ensure(backend, "t")
         writer = subprocess.Popen([sys.executable, "-c", _FROZEN_WRITER, pg_url],
                                   stdout=subprocess.PIPE, text=True)
         assert writer.stdout is not None
         session = int(await asyncio.to_thread(writer.stdout.readline))
         # Before the fix the session stayed idle in transaction, its lock held, for as long
-        # as TCP took to give up: this seal (a linearized read's first step) never returned.
+        # as TCP took to give up: this raise (a linearized read's second step) never returned.
         async with asyncio.timeout(60):
-            await catalog.seal(backend, "t", 10)
-        assert await catalog.upper(backend, "t") == 10
+            await state.raise_upper(backend, "t", 10)
+        assert await state.upper(backend, "t") == 10
         # The server ended the frozen writer's session and rolled its +1 back.
         assert not await backend.fetch(
             "SELECT 1 FROM pg_stat_activity WHERE pid = %(p)s", {"p": session})
         assert await backend.fetch(
-            "SELECT upper FROM {timeline_uppers} WHERE timeline = 't'") == [(10,)]
+            "SELECT upper FROM {iceberg_uppers} WHERE timeline = 't'") == [(10,)]
     finally:
         if writer is not None:
             writer.kill()
@@ -324,7 +323,7 @@ async def test_a_client_stalled_mid_transaction_is_rolled_back_and_retried(pg_ur
                                                                           monkeypatch):
     """The other side of the limit: a live client that sat idle in its transaction for longer
     (a stalled event loop) gets its transaction run again, once, after the server's rollback."""
-    from tsoracle.spark import catalog
+    from tsoracle.catalog import state
     from tsoracle.store import open_backend, parse_url, postgres
 
     monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_S", 1)
@@ -336,16 +335,15 @@ async def test_a_client_stalled_mid_transaction_is_rolled_back_and_retried(pg_ur
     async def body(tx: tsoracle.store.Tx) -> None:
         nonlocal attempts
         attempts += 1
-        await tx.fetch("UPDATE {timeline_uppers} SET upper = upper + 1 WHERE timeline = 't'")
+        await tx.fetch("UPDATE {iceberg_uppers} SET upper = upper + 1 WHERE timeline = 't'")
         if attempts == 1:
             await asyncio.sleep(3)  # past the limit: the server ends the session meanwhile
 
     try:
-        await catalog.ensure_catalog(backend)
-        await catalog.register(backend, catalog.TableInfo("t", "t", [], [], "/nowhere"))
+        await state.ensure(backend, "t")
         await backend.transaction(body)
         assert attempts == 2
-        assert await catalog.upper(backend, "t") == 1  # the first attempt's +1 never landed
+        assert await state.upper(backend, "t") == 1  # the first attempt's +1 never landed
     finally:
         await backend.close()
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 import tsoracle
+from tsoracle.catalog import state
 from tsoracle.oracle import metrics
 from tsoracle.oracle.api import TimestampOracle
 from tsoracle.oracle.operations import OPERATIONS
 from tsoracle.oracle.provision import CATALOG_TABLES
 from tsoracle.oracle.reopening import ReopeningOracle
 from tsoracle.oracle.sync import SyncTimestampOracle
-from tsoracle.spark import catalog
 from tsoracle.spark.client import OracleClient
 from tsoracle.store.kinds import KINDS, kind_of
 
@@ -85,7 +85,7 @@ def test_every_place_that_follows_the_operations_covers_them():
 
 def test_the_deployment_drops_every_table_the_catalog_creates():
     pattern = r"CREATE TABLE IF NOT EXISTS \{(\w+)\}"
-    created = {m for ddl in catalog._DDL for m in re.findall(pattern, ddl)}
+    created = {m for ddl in state._DDL for m in re.findall(pattern, ddl)}
     assert created == set(CATALOG_TABLES)
 
 

@@ -47,10 +47,10 @@ def target(request, tmp_path):
     return pg, database + "?schema=driver"
 
 
-def test_eight_threads_across_six_flips(target, tmp_path):
+def test_eight_threads_across_six_flips(target):
     pg, url = target
     asyncio.run(tsoracle.init(url, timelines=[TIMELINE]))
-    client = OracleClient(url, data_dir=tmp_path / "data", timeline=TIMELINE)
+    client = OracleClient(url, timeline=TIMELINE)
     stop = threading.Event()
     done: list[int] = []
     errors: list[BaseException] = []
@@ -96,10 +96,10 @@ def test_eight_threads_across_six_flips(target, tmp_path):
         assert _connections(pg, url) == 0
 
 
-def test_concurrent_first_calls_open_one_legacy_leader(target, tmp_path):
+def test_concurrent_first_calls_open_one_legacy_leader(target):
     pg, url = target
     asyncio.run(tsoracle.init(url, timelines=[TIMELINE], implementation="legacy"))
-    client = OracleClient(url, data_dir=tmp_path / "data", timeline=TIMELINE)
+    client = OracleClient(url, timeline=TIMELINE)
     barrier = threading.Barrier(8)
     results: list[int] = []
 
@@ -126,7 +126,7 @@ def test_an_oracle_closed_elsewhere_is_replaced(tmp_path):
     # and every call retried it, then failed with a misleading Fenced, forever.
     url = f"sqlite:///{tmp_path / 'c.db'}"
     asyncio.run(tsoracle.init(url, timelines=[TIMELINE]))
-    client = OracleClient(url, data_dir=tmp_path / "data", timeline=TIMELINE)
+    client = OracleClient(url, timeline=TIMELINE)
     first = client.write_ts().timestamp
     inner = client.run(client.oracle(TIMELINE).current())
     client.run(inner.close())  # closed under the client, not by it
@@ -136,11 +136,10 @@ def test_an_oracle_closed_elsewhere_is_replaced(tmp_path):
         asyncio.run(client.acall(lambda o: o.read_ts()))
 
 
-def test_a_missing_resource_says_what_to_check(kube, tmp_path):
+def test_a_missing_resource_says_what_to_check(kube):
     """It once surfaced as a raw `NotFoundException (404) … HTTPHeaderDict(…)`."""
     with pytest.raises(tsoracle.ConfigError) as err:
-        OracleClient.from_resource("no-such-oracle", "default", data_dir=tmp_path,
-                                   kubeconfig=str(kube.kubeconfig))
+        OracleClient.from_resource("no-such-oracle", "default", kubeconfig=str(kube.kubeconfig))
     message = str(err.value)
     assert "TimestampOracle default/no-such-oracle not found" in message
     assert "kubectl get tso -n default" in message

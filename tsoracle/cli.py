@@ -116,12 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd("finish-rollout", "end the rollout window (Rollout fencing mode)")
 
-    c = cmd("demo", "the main job: Spark writers and readers on the embedded default, with a "
-            "flip mid-run", url=False)
+    c = cmd("demo", "the main job: Spark writers and readers on Iceberg tables through tsoracle's "
+            "catalog, on the embedded default, with a flip mid-run", url=False)
     c.add_argument("--writers", type=int, default=3, help="writer threads")
-    c.add_argument("--batches", type=int, default=4, help="appends per writer")
+    c.add_argument("--batches", type=int, default=4,
+                   help="batches per writer (each appended to orders, then to shipments)")
     c.add_argument("--rows", type=int, default=50, help="rows per append")
-    c.add_argument("--data-dir", help="keep the data here (default: a temporary directory)")
+    c.add_argument("--data-dir", help="keep the oracle and the warehouse here (default: a "
+                   "temporary directory)")
 
     c = cmd("catalog", "an Iceberg REST catalog whose commits the oracle orders", url=False)
     actions = c.add_subparsers(dest="catalog_command", required=True, metavar="ACTION")
@@ -357,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         args.url = args.url or os.environ.get("TSORACLE_URL") or DEFAULT_URL
     try:
         if args.command == "demo":
-            with needs_extra("spark", "`tsoracle demo`"):  # the demo imports Spark lazily
+            # The demo imports Spark, then the catalog's pyiceberg, lazily.
+            with needs_extra("spark", "`tsoracle demo`"), \
+                    needs_extra("iceberg", "`tsoracle demo`"):
                 from tsoracle.spark.demo import run_demo
 
                 return run_demo(writers=args.writers, batches=args.batches, rows=args.rows,

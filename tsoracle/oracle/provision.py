@@ -116,12 +116,10 @@ async def release(backend: Backend, owner: str) -> None:
                         {"owner": owner})
 
 
-# Everything a deployment keeps in its schema: the oracle's tables (fencing/tables.py), the
-# Spark tables' catalog (spark/catalog.py) and the Iceberg catalog's (catalog/state.py TABLES).
-# They are named here so that deleting a deployment removes them too, from a floor that never
-# imports those above it.
-CATALOG_TABLES = ("table_catalog", "table_commits", "timeline_uppers", "table_tags",
-                  "table_since", "iceberg_namespaces", "iceberg_objects", "iceberg_uppers")
+# Everything a deployment keeps in its schema: the oracle's tables (fencing/tables.py) and the
+# Iceberg catalog's (catalog/state.py TABLES). They are named here so that deleting a
+# deployment removes them too, from a floor that never imports those above it.
+CATALOG_TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers")
 DEPLOYMENT_TABLES = (*TABLES, *CATALOG_TABLES)
 
 

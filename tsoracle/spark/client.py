@@ -1,5 +1,8 @@
 """The driver-side oracle client: finds the configured oracle and survives flips.
 
+Tables are not its business (they are Iceberg tables in tsoracle's catalog: `Lakehouse`); it
+is for drivers that take timestamps from the oracle themselves.
+
 It runs the async oracle on a private event loop thread (Spark driver code is synchronous),
 keeps one oracle per timeline, and when an operation raises `Fenced` (the epoch moved: a flip or
 a newer leader) it reopens on the active implementation and retries, so nothing is ever served
@@ -8,11 +11,8 @@ by the superseded one.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import threading
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, cast
 
@@ -25,8 +25,6 @@ from tsoracle.oracle.connect import open_instrumented_backend
 from tsoracle.oracle.reopening import ReopeningOracle
 from tsoracle.oracle.sync import LoopThread
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
-from tsoracle.spark import catalog
-from tsoracle.spark.locations import table_location
 from tsoracle.store import Backend, RetryPolicy
 
 T = TypeVar("T")
@@ -34,43 +32,30 @@ log = logging.getLogger("tsoracle.spark")
 
 
 class OracleClient:
-    def __init__(self, url: str, *, data_dir: str | os.PathLike[str],
-                 timeline: str = EPOCH_MILLISECONDS, staleness_s: float = 1.0,
+    def __init__(self, url: str, *, timeline: str = EPOCH_MILLISECONDS,
                  fencing: str | None = None, retry: RetryPolicy | None = None) -> None:
         self.url = url
         self.default_timeline = parse_timeline(timeline).name
-        self.data_dir = table_location(data_dir)
-        self.staleness_s = staleness_s
         self._fencing = fencing
         self._retry = retry  # how long each call retries a failing database
         self._runner = LoopThread()
         self._oracles: dict[str, ReopeningOracle] = {}
         self._lock = threading.Lock()
         self._shut = False
-        self._closed_cache: dict[str, tuple[float, int]] = {}
         # What the resource's status said when found through one (from_resource), else None.
         self.resource_epoch: int | None = None
         self.resource_implementation: str | None = None
-        self.committers: list[Any] = []  # the tables' group committers (see close)
-        self.backend: Backend = self._runner.run(self._open_catalog())
-
-    async def _open_catalog(self) -> Backend:
-        backend = await open_instrumented_backend(self.url, "catalog", retry=self._retry)
-        try:
-            await catalog.ensure_catalog(backend)
-        except BaseException:
-            await backend.close()
-            raise
-        return backend
+        # Reads the deployment row: whether a lost legacy timeline may be served again.
+        self.backend: Backend = self._runner.run(
+            open_instrumented_backend(self.url, "client", retry=self._retry))
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> OracleClient:
         return cls(url, **kwargs)
 
     @classmethod
-    def from_resource(cls, name: str, namespace: str, *, data_dir: str | os.PathLike[str],
-                      kubeconfig: str | None = None, timeline: str | None = None,
-                      **kwargs: Any) -> OracleClient:
+    def from_resource(cls, name: str, namespace: str, *, kubeconfig: str | None = None,
+                      timeline: str | None = None, **kwargs: Any) -> OracleClient:
         """Find the oracle through a TimestampOracle resource: its Secret and its status."""
         with needs_extra("operator", "finding the oracle through a TimestampOracle resource"):
             from kubernetes import client, config
@@ -104,7 +89,7 @@ class OracleClient:
                               "(no status.activeImplementation); check its conditions")
         url = resource_url(read_secret_url_sync(api_client, namespace, spec.secret_name,
                                                spec.secret_key), spec.schema)
-        self = cls(url, data_dir=data_dir, timeline=timeline or spec.timelines[0], **kwargs)
+        self = cls(url, timeline=timeline or spec.timelines[0], **kwargs)
         self.resource_epoch = int(status.get("epoch") or 0)
         self.resource_implementation = status["activeImplementation"]
         return self
@@ -162,51 +147,11 @@ class OracleClient:
     def implementation(self, timeline: str | None = None) -> str:
         return self.call(lambda o: _implementation(o), timeline)
 
-    def closed_ts(self, timeline: str) -> int:
-        """A timestamp known closed without an oracle round trip, at most `staleness_s` old."""
-        cached = self._closed_cache.get(timeline)
-        now = time.monotonic()
-        if cached is not None and now - cached[0] <= self.staleness_s:
-            return cached[1]
-        ts = self.run(catalog.upper(self.backend, timeline))
-        return self.saw_closed(timeline, ts, now)
-
-    def saw_closed(self, timeline: str, ts: int, at: float | None = None) -> int:
-        """Record that `ts` is closed; the cached value only moves forward (a slow refresh
-        finishing last must not take a later read back in time)."""
-        cached = self._closed_cache.get(timeline)
-        best = max(ts, cached[1]) if cached is not None else ts
-        self._closed_cache[timeline] = (time.monotonic() if at is None else at, best)
-        return best
-
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._runner.run(coro)
 
-    # --- tables ------------------------------------------------------------------------------
-
-    def create_table(self, spark: Any, name: str, schema: Any, *, keys: tuple[str, ...] = (),
-                     timeline: str | None = None) -> Any:
-        from tsoracle.spark.table import TimestampedTable
-
-        return TimestampedTable.create(self, spark, name, schema, keys=keys,
-                                       timeline=timeline or self.default_timeline)
-
-    def table(self, spark: Any, name: str) -> Any:
-        from tsoracle.spark.table import TimestampedTable
-
-        return TimestampedTable.open(self, spark, name)
-
-    def drop_table(self, spark: Any, name: str) -> None:
-        """Delete a table: its catalog entry, then its files. Irreversible."""
-        from tsoracle.spark.table import TimestampedTable
-
-        TimestampedTable.open(self, spark, name).drop()
-
     def close(self) -> None:
         async def shutdown() -> None:
-            # Durable commits whose apply_write is still being retried: give them a moment.
-            await asyncio.gather(*(c.idle(timeout=5.0) for c in self.committers),
-                                 return_exceptions=True)
             self._shut = True
             for oracle in list(self._oracles.values()):
                 await oracle.close()

@@ -2,7 +2,7 @@
 
 Statements are written once, PostgreSQL-flavoured, as templates with one substitution scheme:
 
-- `{name}` is one of the deployment's tables (`TABLES`: `{timestamps}`, `{table_catalog}`);
+- `{name}` is one of the deployment's tables (`TABLES`: `{timestamps}`, `{iceberg_objects}`);
   any other name is an error, never a table that does not exist;
 - `{u64:column}` in DDL is the column type of an unsigned 64-bit timestamp;
 - `%(name)s` names a parameter; `GREATEST`, `::numeric` and `FOR UPDATE` are allowed.
@@ -24,10 +24,9 @@ U64_MAX = 2**64 - 1
 _FIELD_RE = re.compile(r"\{(\w+)(?::(\w+))?\}")
 
 # Every table a deployment's schema holds: fencing/tables.py creates the first two,
-# spark/catalog.py and catalog/state.py the rest (oracle/provision.py drops them all;
-# tests/test_sql_templates.py checks that the lists agree). A new table is added here too.
-TABLES = frozenset({"timestamps", "deployment", "table_catalog", "table_commits",
-                    "timeline_uppers", "table_tags", "table_since",
+# catalog/state.py the rest (oracle/provision.py drops them all; tests/test_sql_templates.py
+# checks that the lists agree). A new table is added here too.
+TABLES = frozenset({"timestamps", "deployment",
                     "iceberg_namespaces", "iceberg_objects", "iceberg_uppers"})
 
 

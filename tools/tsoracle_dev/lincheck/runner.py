@@ -288,15 +288,13 @@ async def worker(args: argparse.Namespace) -> None:
 
 def spark_worker(args: argparse.Namespace) -> None:
     """Worker 0 of the spark-client scenario: one OracleClient shared by many threads."""
-    import tempfile
-
     from tsoracle.spark.client import OracleClient
 
     rec = Recorder(Path(args.out), args.proc, args.run)
     control = Control(Path(args.control))
     deadline = time.monotonic() + args.cap
     stats = {"ok": 0, "failed": 0}
-    client = OracleClient(args.url, data_dir=tempfile.mkdtemp(prefix="lincheck-spark-"))
+    client = OracleClient(args.url)
 
     def thread(cid: int) -> None:
         rng = random.Random(cid)

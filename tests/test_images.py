@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tsoracle.spark.session import RUNTIME_PACKAGE
 from tsoracle_dev import images
 from tsoracle_dev.controlplane.cluster import K8S_VERSION
 
@@ -459,8 +460,15 @@ def test_the_spark_reference_is_tsoracle_spark_at_the_app_version():
         "/opt/tsoracle-spark/entrypoint.sh": "tools/tsoracle_dev/images/spark-entrypoint.sh",
         "/opt/tsoracle-spark/examples/pipeline.py": "examples/spark/pipeline.py"}
     assert {"python3", "python3-venv", "openjdk-17-jre-headless"} <= set(images.SPARK.packages)
-    # operator: the Kubernetes client, for OracleClient.from_resource in a driver pod.
+    # operator: the Kubernetes client, with which a driver pod finds its catalog (the
+    # TimestampOracle's status).
     assert images.SPARK.extras == ("spark", "operator")
+    # Iceberg's Spark runtime, the one tsoracle.spark pins, on Spark's own classpath: pods
+    # fetch nothing from Maven, and the sessions use that jar ($TSORACLE_ICEBERG_JAR).
+    [(jar, coordinate)] = images.SPARK.maven
+    assert coordinate == RUNTIME_PACKAGE
+    assert jar.startswith(dict(images.SPARK.env)["SPARK_HOME"] + "/jars/")
+    assert dict(images.SPARK.env)["TSORACLE_ICEBERG_JAR"] == jar
 
 
 def test_the_entrypoint_starts_an_executor_as_spark_kubernetes_does(tmp_path):

@@ -109,8 +109,10 @@ def finished(cluster: SimpleNamespace, proc: subprocess.Popen[str]) -> dict[str,
     try:
         result = spark_k8s.report(log)
     except ValueError:
+        # Python's traceback and the Java exceptions' messages, not their frames.
         tail = "\n".join(line for line in log.splitlines()
-                         if " INFO " not in line and " WARN " not in line)[-6000:]
+                         if " INFO " not in line and " WARN " not in line
+                         and not line.lstrip().startswith(("at ", "...")))[-6000:]
         raise AssertionError(f"{pod} printed no report:\n{tail}") from None
     result["pod"] = pod
     return result
@@ -264,8 +266,11 @@ def test_a_driver_killed_mid_commit_leaves_no_partial_append_and_a_rerun_complet
     kube = cluster.kube
     url = cluster.plane.info()["postgres_url"]
     holder = psycopg.connect(url)
+    objects = holder.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+        " AND table_name LIKE %s", ("tsoracle_orders", "%iceberg_objects%")).fetchone()[0]
     holder.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(
-        sql.Identifier("tsoracle_orders", "iceberg_objects")))
+        sql.Identifier("tsoracle_orders", objects)))
     proc = submit(cluster, "d", "--batches", "3", "--rows", str(ROWS))
     try:
         with psycopg.connect(url, autocommit=True) as admin:

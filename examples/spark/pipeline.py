@@ -29,6 +29,7 @@ from typing import Any
 from pyspark.sql import functions as F
 
 from tsoracle.spark import Lakehouse, TableExists
+from tsoracle.spark.session import JAR_ENV
 
 SCHEMA = "writer STRING, batch BIGINT, seq BIGINT"
 TOKEN_ENV = "TSORACLE_CATALOG_TOKEN"
@@ -46,6 +47,14 @@ def catalog_url(resource: str, namespace: str) -> str:
         raise SystemExit(f"TimestampOracle {namespace}/{resource} publishes no catalog "
                          "(status.catalog.url): enable spec.catalog and wait for CatalogReady")
     return str(url)
+
+
+def ship_nothing() -> dict[str, str]:
+    """Where Iceberg's runtime is among Spark's own jars (the tsoracle-spark image: in the driver
+    and every executor), Spark need not copy it to each executor (48 MB) again."""
+    jar = Path(os.environ.get(JAR_ENV, ""))
+    home = Path(os.environ.get("SPARK_HOME", "/nonexistent"))
+    return {"spark.jars": ""} if jar.parent == home / "jars" and jar.is_file() else {}
 
 
 def finished_elsewhere(progress: Path, writer: str) -> dict[str, int]:
@@ -83,12 +92,18 @@ def main(argv: list[str]) -> int:
 
     lake = Lakehouse.start(catalog_url(args.resource, args.namespace),
                            token=os.environ.get(TOKEN_ENV) or None,
-                           app_name=f"tsoracle-pipeline-{args.writer}")
+                           app_name=f"tsoracle-pipeline-{args.writer}",
+                           extra_conf=ship_nothing())
     spark = lake.spark
-    try:
-        lake.create_table(args.table, SCHEMA, if_not_exists=True)
-    except TableExists:
-        pass  # another driver created it between the check and the create
+    for attempt in range(3):  # drivers started together race to create it
+        try:
+            lake.create_table(args.table, SCHEMA, if_not_exists=True)
+            break
+        except TableExists:
+            break  # another driver created it between the check and the create
+        except Exception as exc:
+            if "ALREADY_EXISTS" not in str(exc) or attempt == 2:  # ... or its namespace
+                raise
     progress = Path(args.progress)
     progress.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"writer": args.writer, "appends": [], "failures": []}

@@ -1,5 +1,6 @@
 # The operator image the chart runs by default (image.repository=tsoracle, tag=appVersion): the
-# core and the operator extra only (no Spark, no dashboards tooling). The recipe is
+# core, the operator extra and the iceberg extra (the operator runs spec.catalog's pods from this
+# image); no Spark, no dashboards tooling. The recipe is
 # tools/images/images.toml, which builds the same image without Docker for the dev cluster;
 # tests/test_images.py fails when this file and that recipe disagree.
 FROM debian:bookworm-slim
@@ -12,7 +13,7 @@ COPY tsoracle /src/tsoracle
 # No .pyc files: a third of the venv, for about a second at start-up.
 RUN python3 -m venv --without-pip /opt/tsoracle \
  && /opt/tsoracle/bin/python "$(ls /usr/share/python-wheels/pip-*.whl)/pip" install \
-      --no-cache-dir --no-compile "/src[operator]" \
+      --no-cache-dir --no-compile "/src[operator,iceberg]" \
  && rm -rf /src
 RUN groupadd --gid 65532 tsoracle \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tsoracle.spark.session import RUNTIME_PACKAGE
 from tsoracle_dev import images
 from tsoracle_dev.controlplane.cluster import K8S_VERSION
 
@@ -113,7 +114,7 @@ def test_dockerfile_follows_the_image_recipe():
 DOCKERFILE_EDITS = {
     "suite": ("debian:bookworm-slim", "debian:trixie-slim"),
     "packages": ("python3 python3-venv", "python3 python3-venv curl"),
-    "extras": ('"/src[operator]"', '"/src[operator,spark]"'),
+    "extras": ('"/src[operator,iceberg]"', '"/src[operator,iceberg,spark]"'),
     "venv": ("venv --without-pip /opt/tsoracle", "venv --without-pip /opt/app"),
     "pip_python": ("&& /opt/tsoracle/bin/python", "&& /usr/bin/python3"),
     "user": ("--shell /usr/sbin/nologin tsoracle", "--shell /usr/sbin/nologin app"),
@@ -389,7 +390,11 @@ def test_the_operator_image_runs_as_the_chart_runs_it(containerd, imported):
     assert write.returncode != 0 and "Read-only file system" in write.stderr
 
 
-def test_the_operator_image_has_only_the_operator_extra(containerd, imported):
+def test_the_operator_image_has_only_the_operator_and_iceberg_extras(containerd, imported):
+    # iceberg: spec.catalog's pods run `tsoracle catalog serve` from this image.
+    catalog = ctr_run(containerd, images.OPERATOR_IMAGE_NORMALISED, "tsoracle", "catalog",
+                      "serve", "--help")
+    assert catalog.returncode == 0 and "--metrics-port" in catalog.stdout, catalog.stderr
     spark = ctr_run(containerd, images.OPERATOR_IMAGE_NORMALISED, "python", "-c",
                     "import pyspark")
     assert spark.returncode != 0 and "No module named 'pyspark'" in spark.stderr
@@ -455,8 +460,15 @@ def test_the_spark_reference_is_tsoracle_spark_at_the_app_version():
         "/opt/tsoracle-spark/entrypoint.sh": "tools/tsoracle_dev/images/spark-entrypoint.sh",
         "/opt/tsoracle-spark/examples/pipeline.py": "examples/spark/pipeline.py"}
     assert {"python3", "python3-venv", "openjdk-17-jre-headless"} <= set(images.SPARK.packages)
-    # operator: the Kubernetes client, for OracleClient.from_resource in a driver pod.
+    # operator: the Kubernetes client, with which a driver pod finds its catalog (the
+    # TimestampOracle's status).
     assert images.SPARK.extras == ("spark", "operator")
+    # Iceberg's Spark runtime, the one tsoracle.spark pins, on Spark's own classpath: pods
+    # fetch nothing from Maven, and the sessions use that jar ($TSORACLE_ICEBERG_JAR).
+    [(jar, coordinate)] = images.SPARK.maven
+    assert coordinate == RUNTIME_PACKAGE
+    assert jar.startswith(dict(images.SPARK.env)["SPARK_HOME"] + "/jars/")
+    assert dict(images.SPARK.env)["TSORACLE_ICEBERG_JAR"] == jar
 
 
 def test_the_entrypoint_starts_an_executor_as_spark_kubernetes_does(tmp_path):

@@ -9,11 +9,15 @@ session does.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import os
 import re
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,7 +29,7 @@ from psycopg import sql
 from tests.support.node import own_node
 from tsoracle_dev import images
 from tsoracle_dev.controlplane.node import NODE_NAME
-from tsoracle_dev.kube import Kube, is_ready
+from tsoracle_dev.kube import Kube, condition, is_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -239,6 +243,189 @@ def test_operator_logs_tell_the_story_without_secrets(node):
     assert re.search(r"flip", logs, re.IGNORECASE), logs[-3000:]
     password = psycopg.conninfo.conninfo_to_dict(node.pg_url)["password"]
     assert password not in logs and node.pg_url not in logs
+
+
+CATALOG_TOKEN = "catalog-bearer-7f3a"
+
+
+def catalog_pods(kube: Kube) -> list[dict[str, Any]]:
+    return json.loads(kube.kubectl(
+        "-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=tsoracle-catalog",
+        "-o", "json").stdout)["items"]
+
+
+def ready_catalog_pods(kube: Kube) -> list[str]:
+    return [p["metadata"]["name"] for p in catalog_pods(kube)
+            if "deletionTimestamp" not in p["metadata"]
+            and {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get(
+                "Ready") == "True"]
+
+
+def http(url: str, *, token: str | None = CATALOG_TOKEN, method: str = "GET") -> tuple[int, str]:
+    request = urllib.request.Request(url, method=method, headers={
+        "Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def flip_to(node: SimpleNamespace, to: str) -> None:
+    node.kube.kubectl("-n", NS, "patch", "tso", "orders", "--type", "merge", "-p",
+                      json.dumps({"spec": {"implementation": to}}))
+    node.kube.wait_tso(NS, "orders", lambda o: is_ready(o) and o["status"][
+        "activeImplementation"] == to, timeout=120, what=f"the flip to {to}")
+
+
+def test_the_catalog_runs_as_pods_behind_its_service_and_the_oracle_stamps_commits(
+        node, tmp_path_factory):
+    """spec.catalog on the example resource: two catalog pods from the operator's image,
+    Ready on /readyz, reached through the Service's ClusterIP (kube-proxy) with the bearer
+    token; pyiceberg on this host commits through it, each snapshot stamped with an oracle
+    timestamp, on distributed, on legacy (one replica) and back; disabled, they go."""
+    import pyarrow as pa
+    from pyiceberg.catalog.rest import RestCatalog
+
+    import tsoracle
+
+    kube = node.kube
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    os.chown(warehouse, 65532, 65532)  # the catalog's user writes the metadata files
+    kube.kubectl("-n", NS, "create", "secret", "generic", "catalog-token",
+                 f"--from-literal=token={CATALOG_TOKEN}")
+    started = time.monotonic()
+    kube.kubectl("-n", NS, "patch", "tso", "orders", "--type", "merge", "-p", json.dumps(
+        {"spec": {"implementation": "distributed", "catalog": {
+            "enabled": True, "replicas": 2, "warehouse": f"file://{warehouse}",
+            "volume": {"hostPath": str(warehouse)},
+            "tokenSecretRef": {"name": "catalog-token"}}}}))
+    obj = kube.wait_tso(NS, "orders", lambda o: condition(o, "CatalogReady").get("status")
+                        == "True", timeout=240, what="CatalogReady")
+    _timed("spec.catalog -> CatalogReady (2 pods)", started)
+    assert condition(obj, "CatalogReady")["reason"] == "Serving"
+    assert obj["status"]["catalog"] == {"url": f"http://orders-catalog.{NS}.svc:8181",
+                                        "replicas": 2, "readyReplicas": 2}
+    pods = catalog_pods(kube)
+    assert len(pods) == 2 and len(ready_catalog_pods(kube)) == 2
+    name = pods[0]["metadata"]["name"]
+    [status] = pods[0]["status"]["containerStatuses"]
+    assert status["image"] == images.OPERATOR_IMAGE_NORMALISED and status["restartCount"] == 0
+    counts = probe_counts(kube, name)
+    assert counts.get(("Readiness", "successful"), 0) >= 1, counts
+    SEEN["catalog pods"] = {p["metadata"]["name"]: p["status"]["phase"] for p in pods}
+    # The URL is in no argument and no pod spec: only the kubelet resolves it.
+    password = psycopg.conninfo.conninfo_to_dict(node.pg_url)["password"]
+    pod_json = json.dumps(pods)
+    assert password not in pod_json and node.pg_url not in pod_json
+    assert CATALOG_TOKEN not in pod_json
+    ident = kube.kubectl("-n", NS, "exec", name, "--", "python", "-c",
+                         "import os; print(os.getuid())").stdout
+    assert ident.split() == ["65532"]
+
+    svc = kube.get(NS, "service", "orders-catalog")
+    base = f"http://{svc['spec']['clusterIP']}:8181"
+    assert http(f"{base}/v1/config", token=None)[0] == 401
+    assert http(f"{base}/v1/config", token="wrong")[0] == 401
+    assert http(f"{base}/v1/config")[0] == 200
+    assert http(f"{base}/readyz", token=None)[0] == 200
+    # The Service's DNS name, the one status.catalog.url gives, from a pod (cluster DNS).
+    probe = kube.kubectl("-n", NS, "exec", name, "--", "python", "-c",
+                         "import urllib.request as u; r = u.Request("
+                         f"'{obj['status']['catalog']['url']}/v1/config', headers="
+                         f"{{'Authorization': 'Bearer {CATALOG_TOKEN}'}}); "
+                         "print('config', u.urlopen(r, timeout=10).status)", check=False)
+    assert "config 200" in probe.stdout, probe.stdout + probe.stderr
+
+    url = f"{node.pg_url}?schema=tsoracle_orders"
+
+    def read_ts() -> int:
+        code, body = http(f"{base}/v1/tsoracle/read-ts", method="POST")
+        assert code == 200, body
+        return int(json.loads(body)["read-ts"])
+
+    def replicas(n: int) -> None:
+        kube.kubectl("-n", NS, "patch", "tso", "orders", "--type", "merge", "-p",
+                     json.dumps({"spec": {"catalog": {"replicas": n}}}))
+
+    def serving(n: int, what: str) -> None:
+        wait_for(what, lambda: len(catalog_pods(kube)) == n
+                 and len(ready_catalog_pods(kube)) == n, timeout=120)
+
+    catalog = RestCatalog("tso", uri=base, token=CATALOG_TOKEN)
+    catalog.create_namespace("shop")
+    table = catalog.create_table("shop.orders", schema=pa.schema([("id", pa.int64())]))
+    stamps = []
+    for implementation, rows in (("distributed", [1, 2]), ("legacy", [3]),
+                                 ("distributed", [4, 5])):
+        if implementation == "legacy":
+            # Legacy serves the timeline to one process: one replica, then the flip.
+            replicas(1)
+            serving(1, "one catalog pod")
+            flip_to(node, "legacy")
+        elif stamps:
+            # Two replicas on legacy: the caveat, in CatalogReady and a Warning Event.
+            replicas(2)
+            said = kube.wait_tso(NS, "orders", lambda o: condition(o, "CatalogReady").get(
+                "reason") == "LegacyServesOneReplica", timeout=120, what="the legacy caveat")
+            assert "spec.catalog.replicas is 2" in condition(said, "CatalogReady")["message"]
+            wait_for("the Warning Event", lambda: kube.events(NS, "LegacyServesOneReplica"),
+                     timeout=60)
+            flip_to(node, "distributed")
+            serving(2, "both catalog pods ready on distributed")
+        before = read_ts()
+        table.append(pa.table({"id": pa.array(rows, pa.int64())}))
+        snapshot = table.current_snapshot()
+        assert snapshot is not None
+        after = read_ts()
+        # A commit after a read at `before` lands above it, and a read after it sees it.
+        assert before < snapshot.timestamp_ms <= after, (before, snapshot.timestamp_ms, after)
+        oracle = asyncio.run(tsoracle.status(url))
+        [epoch_ms] = [t for t in oracle.timelines if t.timeline == "EpochMilliseconds"]
+        assert snapshot.timestamp_ms <= epoch_ms.write_ts  # handed out by the oracle
+        stamps.append((implementation, snapshot.snapshot_id, snapshot.timestamp_ms, after))
+    assert [s[2] for s in stamps] == sorted({s[2] for s in stamps})  # strictly increasing
+    # Time travel at each read timestamp returns that cut, now and later.
+    fresh = RestCatalog("tso2", uri=base, token=CATALOG_TOKEN).load_table("shop.orders")
+    for n, (_, snapshot_id, _, at) in enumerate(stamps):
+        assert fresh.snapshot_as_of_timestamp(at).snapshot_id == snapshot_id
+        rows = fresh.scan(snapshot_id=snapshot_id).to_arrow().num_rows
+        assert rows == [2, 3, 5][n]
+    SEEN["catalog commits"] = [(i, ts) for i, _, ts, _ in stamps]
+
+    code, metrics = http(f"http://{svc['spec']['clusterIP']}:9090/metrics", token=None)
+    assert code == 200 and "tsoracle_catalog_commits_total" in metrics
+    assert re.search(r'tsoracle_catalog_request_seconds_count\{route="[^"]*",status="200"\}',
+                     metrics), metrics[-2000:]
+    logs = "".join(kube.kubectl("-n", NS, "logs", p["metadata"]["name"]).stdout
+                   for p in catalog_pods(kube))
+    assert password not in logs and CATALOG_TOKEN not in logs
+
+    # Disabled: the Deployment goes, and its pods with it (garbage collection).
+    started = time.monotonic()
+    kube.kubectl("-n", NS, "patch", "tso", "orders", "--type", "merge", "-p",
+                 '{"spec":{"catalog":{"enabled":false}}}')
+    wait_for("the catalog's pods gone", lambda: not catalog_pods(kube), timeout=120)
+    _timed("spec.catalog disabled -> pods gone", started)
+    assert "catalog" not in kube.tso(NS, "orders")["status"]
+    assert kube.kubectl("-n", NS, "get", "service", "orders-catalog", check=False).returncode
+
+
+def test_deleting_a_resource_deletes_its_catalog(node):
+    """The Deployment and Service are owned by the resource: garbage collection removes them
+    with it (deletionPolicy Retain keeps the tables)."""
+    kube = node.kube
+    kube.kubectl("-n", NS, "apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
+        "metadata": {"name": "lake"},
+        "spec": {"backend": {"urlSecretRef": {"name": "oracle-db"}, "schema": "s_lake"},
+                 "catalog": {"enabled": True, "warehouse": "s3://lake/tables"}}}))
+    wait_for("the catalog's Deployment", lambda: kube.kubectl(
+        "-n", NS, "get", "deployment", "lake-catalog", check=False).returncode == 0, timeout=60)
+    kube.kubectl("-n", NS, "delete", "tso", "lake", "--timeout=60s")
+    wait_for("the catalog's Deployment and Service collected", lambda: all(
+        kube.kubectl("-n", NS, "get", kind, "lake-catalog", check=False).returncode
+        for kind in ("deployment", "service")), timeout=120)
 
 
 def _leftovers(kube: Kube) -> list[str]:

@@ -18,7 +18,13 @@ import pytest
 
 import tsoracle
 from tsoracle_dev.dashboards import build, grafana_model
-from tsoracle_dev.dashboards.panels import ALERT_SIGNALS, ALERTS, OPERATOR_PANELS, ORACLE_PANELS
+from tsoracle_dev.dashboards.panels import (
+    ALERT_SIGNALS,
+    ALERTS,
+    CATALOG_PANELS,
+    OPERATOR_PANELS,
+    ORACLE_PANELS,
+)
 from tsoracle_dev.kube import is_ready
 from tsoracle_dev.localpg import LocalPostgres, free_port
 
@@ -45,7 +51,7 @@ def test_generated_files_are_current_and_rules_load(tmp_path):
     boards = [json.loads(p.read_text())
               for p in (ROOT / "charts/tsoracle/dashboards").glob("*.json")]
     exprs = {t["expr"] for b in boards for panel in b["panels"] for t in panel["targets"]}
-    assert exprs == {p.expr for p in ORACLE_PANELS + OPERATOR_PANELS}
+    assert exprs == {p.expr for p in ORACLE_PANELS + OPERATOR_PANELS + CATALOG_PANELS}
 
 
 BOARDS = sorted((ROOT / "charts/tsoracle/dashboards").glob("*.json"))
@@ -175,9 +181,10 @@ def finite(answer: dict) -> bool:
 
 @pytest.fixture
 def observed(kube, oracle_ns, prometheus, tmp_path):
-    """A workload process on its own PostgreSQL (which the tests take down) and the operator
-    with a resource `orders` and one whose Secret is missing, both scraped by a real
-    Prometheus (already once when this yields)."""
+    """A workload process on its own PostgreSQL (which the tests take down), a catalog with
+    writers that conflict (its own schema there), and the operator with a resource `orders`
+    and one whose Secret is missing, all scraped by a real Prometheus (already once when this
+    yields)."""
     own = LocalPostgres(tmp_path / "pg")
     url = own.start() + "?schema=obs"
     asyncio.run(tsoracle.init(url, timelines=["EpochMilliseconds", "counter:obs"]))
@@ -185,6 +192,14 @@ def observed(kube, oracle_ns, prometheus, tmp_path):
     workload = subprocess.Popen([sys.executable, "-m", "tsoracle_dev.metrics_workload",
                                  url, str(wport), "3600"], stdout=subprocess.DEVNULL,
                                 stderr=open(tmp_path / "workload.log", "w"))
+    # The catalog on a schema of its own: the flips of `obs` below are the workload's.
+    catalog_url = url.replace("schema=obs", "schema=obs_catalog")
+    asyncio.run(tsoracle.init(catalog_url))
+    cport = free_port()
+    catalog = subprocess.Popen([sys.executable, "-m", "tsoracle_dev.catalog_workload",
+                                catalog_url, str(tmp_path / "warehouse"), str(cport), "3600"],
+                               stdout=subprocess.DEVNULL,
+                               stderr=open(tmp_path / "catalog.log", "w"))
     try:
         ns = oracle_ns.name
         kube.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
@@ -193,8 +208,8 @@ def observed(kube, oracle_ns, prometheus, tmp_path):
             "apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
             "metadata": {"name": "orphan"},
             "spec": {"backend": {"urlSecretRef": {"name": "missing"}, "schema": "orphan"}}}))
-        pport = prometheus([wport, oracle_ns.operator.metrics_port])
-        wait_scraped(pport, 2)
+        pport = prometheus([wport, oracle_ns.operator.metrics_port, cport])
+        wait_scraped(pport, 3)
 
         def operator_flip(to: str) -> None:
             kube.kubectl("-n", ns, "patch", "tso", "orders", "--type", "merge", "-p",
@@ -202,8 +217,9 @@ def observed(kube, oracle_ns, prometheus, tmp_path):
 
         yield SimpleNamespace(own=own, url=url, pport=pport, operator_flip=operator_flip)
     finally:
-        workload.terminate()
-        workload.wait(10)
+        for proc in (workload, catalog):
+            proc.terminate()
+            proc.wait(10)
         own.destroy()
 
 
@@ -215,7 +231,7 @@ def test_every_panel_and_alert_returns_data_and_an_alert_fires(observed):
     o = observed
     o.operator_flip("legacy")  # a flip the operator makes: flips, flip duration
     asyncio.run(tsoracle.flip(o.url, to="legacy"))  # fences the workload: failed operations
-    exprs = [p.expr for p in ORACLE_PANELS + OPERATOR_PANELS]
+    exprs = [p.expr for p in ORACLE_PANELS + OPERATOR_PANELS + CATALOG_PANELS]
     exprs += [e for signals in ALERT_SIGNALS.values() for e in signals]
     assert set(ALERT_SIGNALS) == {a[0] for a in ALERTS}
     missing: list[str] = exprs

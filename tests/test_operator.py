@@ -36,6 +36,16 @@ def test_chart_rbac_is_sufficient_and_no_wider(kube, chart, oracle_ns):
     for denied in [("list", "secrets"), ("delete", "timestamporacles"), ("create", "pods"),
                    ("update", "secrets")]:
         assert can[denied] == "no", denied
+    # spec.catalog: its Deployment and Service, one by one; nothing listed, watched or put.
+    for verb, resource, allowed in [
+            ("create", "deployments.apps", "yes"), ("patch", "deployments.apps", "yes"),
+            ("delete", "deployments.apps", "yes"), ("get", "services", "yes"),
+            ("patch", "services", "yes"), ("list", "deployments.apps", "no"),
+            ("watch", "services", "no"), ("update", "deployments.apps", "no"),
+            ("create", "replicasets.apps", "no")]:
+        said = kube.kubectl("auth", "can-i", verb, resource, "-n", ns, check=False,
+                            kubeconfig=chart.kubeconfig).stdout.strip()
+        assert said == allowed, (verb, resource, said)
     # The Lease: its own, in the release namespace only.
     def lease_can(verb: str, target: str, namespace: str) -> str:
         return kube.kubectl("auth", "can-i", verb, target, "-n", namespace, check=False,
@@ -308,3 +318,204 @@ def test_only_secrets_labelled_for_tsoracle_are_used(kube, chart, database, pg, 
         assert sorted(t[0] for t in tables) == ["deployment", "timestamps"]
     finally:
         op.stop()
+
+
+def catalog_resource(name: str, **catalog: object) -> str:
+    return json.dumps({
+        "apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
+        "metadata": {"name": name},
+        "spec": {"backend": {"urlSecretRef": {"name": "oracle-db"}, "schema": f"s_{name}"},
+                 "timelines": ["EpochMilliseconds", "counter:lake"],
+                 "catalog": {"enabled": True, "warehouse": "file:///srv/warehouse",
+                             "volume": {"hostPath": "/srv/warehouse"}, **catalog}}})
+
+
+def catalog_ready(obj: dict) -> dict:
+    return condition(obj, "CatalogReady")
+
+
+def test_spec_catalog_gets_a_deployment_and_a_service_until_disabled(kube, chart, database,
+                                                                     tmp_path):
+    """Under the chart's RBAC. This API server runs no pods (no node, no controller-manager):
+    the test sets the Deployment's status itself where a kubelet would; test_node.py runs the
+    catalog's pods for real."""
+    ns = kube.new_namespace("cat")
+    kube.backend_secret(ns, "oracle-db", database)
+    op = Operator(chart.kubeconfig, ns, tmp_path / "op.log",
+                  env={"TSORACLE_CATALOG_IMAGE": "tsoracle:test"}).start()
+    try:
+        kube.kubectl("-n", ns, "apply", "-f", "-", stdin=catalog_resource(
+            "lake", replicas=2, tokenSecretRef={"name": "lake-token"}))
+        obj = kube.wait_tso(ns, "lake", lambda o: catalog_ready(o).get("reason")
+                            == "TokenSecretNotFound", what="CatalogReady/TokenSecretNotFound")
+        assert is_ready(obj)  # the oracle itself is fine
+        assert "lake-token" in catalog_ready(obj)["message"]
+        kube.kubectl("-n", ns, "create", "secret", "generic", "lake-token",
+                     "--from-literal=token=s3cret-token")
+        obj = kube.wait_tso(ns, "lake", lambda o: catalog_ready(o).get("reason")
+                            == "ReplicasNotReady", what="CatalogReady/ReplicasNotReady")
+        assert catalog_ready(obj)["status"] == "False"
+        assert catalog_ready(obj)["message"] == "0 of 2 replicas ready"
+        assert obj["status"]["catalog"] == {
+            "url": f"http://lake-catalog.{ns}.svc:8181", "replicas": 2, "readyReplicas": 0}
+
+        d = kube.get(ns, "deployment", "lake-catalog")
+        [owner] = d["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == \
+            ("TimestampOracle", "lake", obj["metadata"]["uid"], True)
+        assert d["spec"]["replicas"] == 2
+        pod = d["spec"]["template"]["spec"]
+        [c] = pod["containers"]
+        assert c["image"] == "tsoracle:test"
+        assert c["args"][:2] == ["catalog", "serve"] and "--token-file" in c["args"]
+        assert c["args"][c["args"].index("--timeline") + 1] == "EpochMilliseconds"
+        env = {e["name"]: e for e in c["env"]}
+        assert env["TSORACLE_BACKEND_URL"]["valueFrom"]["secretKeyRef"] == {"name": "oracle-db",
+                                                                            "key": "url"}
+        assert env["TSORACLE_URL"]["value"] == "$(TSORACLE_BACKEND_URL)?schema=s_lake"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert {"name": "warehouse", "mountPath": "/srv/warehouse"} in c["volumeMounts"]
+        svc = kube.get(ns, "service", "lake-catalog")
+        assert svc["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+        assert {(p["name"], p["port"]) for p in svc["spec"]["ports"]} == {("http", 8181),
+                                                                         ("metrics", 9090)}
+        assert svc["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+        # The server-side apply's field manager is the operator's.
+        fields = json.loads(kube.kubectl("-n", ns, "get", "deployment", "lake-catalog", "-o",
+                                         "json", "--show-managed-fields").stdout)
+        managers = {(m["manager"], m["operation"]) for m in fields["metadata"]["managedFields"]}
+        assert ("tsoracle-operator", "Apply") in managers
+        # Neither the URL nor its password is in the objects, the resource, Events or the log.
+        password = database.split(":")[2].split("@")[0]
+        shown = json.dumps([d, svc, kube.tso(ns, "lake"), kube.events(ns)])
+        assert password not in shown and database not in shown
+        assert "s3cret-token" not in shown
+
+        # Where a kubelet and the Deployment controller would report the pods ready.
+        def pods_ready(n: int) -> None:
+            kube.kubectl("-n", ns, "patch", "deployment", "lake-catalog", "--subresource=status",
+                         "--type", "merge", "-p", json.dumps(
+                             {"status": {"replicas": 2, "readyReplicas": n}}))
+
+        pods_ready(2)
+        obj = kube.wait_tso(ns, "lake", lambda o: catalog_ready(o).get("status") == "True",
+                            what="CatalogReady", timeout=60)
+        assert catalog_ready(obj)["reason"] == "Serving"
+        assert obj["status"]["catalog"]["readyReplicas"] == 2
+        # On legacy one replica serves: said in the condition and a Warning Event.
+        kube.kubectl("-n", ns, "patch", "tso", "lake", "--type", "merge", "-p",
+                     '{"spec":{"implementation":"legacy"}}')
+        pods_ready(1)
+        obj = kube.wait_tso(ns, "lake", lambda o: catalog_ready(o).get("reason")
+                            == "LegacyServesOneReplica", what="LegacyServesOneReplica",
+                            timeout=60)
+        assert catalog_ready(obj)["status"] == "True"
+        assert "spec.catalog.replicas is 2" in catalog_ready(obj)["message"]
+        deadline = time.monotonic() + 30  # Events are posted in the background
+        while not kube.events(ns, "LegacyServesOneReplica") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        [event] = kube.events(ns, "LegacyServesOneReplica")
+        assert event["type"] == "Warning"
+
+        # A change to the spec is applied; a change by hand is put back.
+        kube.kubectl("-n", ns, "patch", "tso", "lake", "--type", "merge", "-p",
+                     '{"spec":{"catalog":{"replicas":1}}}')
+        wait_for_object(kube, ns, "deployment", "lake-catalog",
+                        lambda o: o["spec"]["replicas"] == 1, "replicas 1")
+        kube.kubectl("-n", ns, "scale", "deployment", "lake-catalog", "--replicas=3")
+        wait_for_object(kube, ns, "deployment", "lake-catalog",
+                        lambda o: o["spec"]["replicas"] == 1, "the operator's replicas back")
+
+        # Disabled: both go, and so do status.catalog and CatalogReady.
+        kube.kubectl("-n", ns, "patch", "tso", "lake", "--type", "merge", "-p",
+                     '{"spec":{"catalog":{"enabled":false}}}')
+        obj = kube.wait_tso(ns, "lake", lambda o: "catalog" not in o["status"],
+                            what="status.catalog removed")
+        assert not catalog_ready(obj) and is_ready(obj)
+        for kind in ("deployment", "service"):
+            gone = kube.kubectl("-n", ns, "get", kind, "lake-catalog", check=False)
+            assert gone.returncode != 0 and "NotFound" in gone.stderr, kind
+        log = (tmp_path / "op.log").read_text()
+        # Applied when created, when spec.catalog changed and when put back; not every pass.
+        assert log.count(f"{ns}/lake: catalog applied") == 3, log
+        assert log.count(f"{ns}/lake: catalog removed") == 1
+        assert password not in log and "s3cret-token" not in log
+    finally:
+        op.stop()
+
+
+def wait_for_object(kube, ns: str, kind: str, name: str, predicate, what: str) -> dict:
+    deadline = time.monotonic() + 60
+    while True:
+        obj = kube.get(ns, kind, name)
+        if predicate(obj):
+            return obj
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_catalog_name_taken_by_something_else_is_left_alone(kube, chart, database,
+                                                               tmp_path):
+    ns = kube.new_namespace("taken")
+    kube.backend_secret(ns, "oracle-db", database)
+    kube.kubectl("-n", ns, "create", "service", "clusterip", "shop-catalog", "--tcp=80:80")
+    op = Operator(chart.kubeconfig, ns, tmp_path / "op.log",
+                  env={"TSORACLE_CATALOG_IMAGE": "tsoracle:test"}).start()
+    try:
+        kube.kubectl("-n", ns, "apply", "-f", "-", stdin=catalog_resource("shop"))
+        obj = kube.wait_tso(ns, "shop", lambda o: catalog_ready(o).get("reason")
+                            == "CatalogNameInUse", what="CatalogReady/CatalogNameInUse")
+        assert f"Service {ns}/shop-catalog exists" in catalog_ready(obj)["message"]
+        assert kube.kubectl("-n", ns, "get", "deployment", "shop-catalog",
+                            check=False).returncode != 0  # nothing applied
+        assert kube.get(ns, "service", "shop-catalog")["spec"]["ports"][0]["port"] == 80
+        # Disabling it does not delete what is not the resource's either.
+        kube.kubectl("-n", ns, "patch", "tso", "shop", "--type", "merge", "-p",
+                     '{"spec":{"catalog":{"enabled":false}}}')
+        kube.wait_tso(ns, "shop", lambda o: not catalog_ready(o), what="CatalogReady gone")
+        assert kube.get(ns, "service", "shop-catalog")["spec"]["ports"][0]["port"] == 80
+    finally:
+        op.stop()
+
+
+def test_api_server_rejects_bad_catalogs(kube, chart):
+    ns = kube.new_namespace("badcat")
+    base = {"apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
+            "metadata": {"name": "x"},
+            "spec": {"backend": {"urlSecretRef": {"name": "s"}}}}
+
+    def apply(catalog: dict, **spec: object) -> subprocess.CompletedProcess[str]:
+        doc = json.loads(json.dumps(base))
+        doc["spec"].update(spec, catalog=catalog)
+        return kube.kubectl("-n", ns, "apply", "--dry-run=server", "-f", "-",
+                            stdin=json.dumps(doc), check=False)
+
+    for catalog, says in [
+            ({"enabled": True}, "spec.catalog.warehouse is required when spec.catalog.enabled"),
+            ({"enabled": True, "warehouse": "file:///w"}, "spec.catalog.volume is required "
+                                                          "for a file:// warehouse"),
+            ({"enabled": True, "warehouse": "s3://b/w", "volume": {"hostPath": "/w"}},
+             "spec.catalog.volume is only for file:// warehouses"),
+            ({"enabled": True, "warehouse": "file:///w", "volume": {}},
+             "exactly one of hostPath and claimName"),
+            ({"enabled": True, "warehouse": "hdfs://nn/w"}, "spec.catalog.warehouse"),
+            ({"enabled": True, "warehouse": "s3://b/w", "replicas": 0}, "spec.catalog.replicas"),
+            ({"enabled": True, "warehouse": "s3://b/w", "timeline": "counter:x"},
+             "spec.catalog.timeline must be one of spec.timelines"),
+            ({"enabled": True, "warehouse": "s3://b/w",
+              "resources": {"limits": {"memory": "lots"}}}, "spec.catalog.resources.limits"),
+    ]:
+        r = apply(catalog)
+        assert r.returncode != 0 and says in r.stderr, (catalog, r.stderr)
+    r = apply({"enabled": True, "warehouse": "s3://b/w", "timeline": "counter:x",
+               "resources": {"requests": {"cpu": 1, "memory": "256Mi"}}},
+              timelines=["EpochMilliseconds", "counter:x"])
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(kube.kubectl("-n", ns, "apply", "--dry-run=server", "-o", "json", "-f",
+                                    "-", stdin=json.dumps({**base, "spec": {
+                                        **base["spec"], "catalog": {
+                                            "enabled": True, "warehouse": "s3://b/w",
+                                            "tokenSecretRef": {"name": "t"}}}})).stdout)
+    assert shown["spec"]["catalog"]["replicas"] == 1  # defaults from the schema
+    assert shown["spec"]["catalog"]["tokenSecretRef"]["key"] == "token"

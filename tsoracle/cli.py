@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-location", action="append", default=[], metavar="URI",
                    help="also allow table locations under this root (repeatable; by default "
                         "every location must be under --warehouse)")
+    c.add_argument("--metrics-port", type=int, metavar="N",
+                   help="also serve Prometheus /metrics on this port, on --host (default: not "
+                        "served)")
 
     c = cmd("operator", "run the Kubernetes operator for TimestampOracle resources", url=False)
     c.add_argument("--namespace", action="append", dest="namespaces", default=[],
@@ -390,11 +393,15 @@ def _catalog(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise errors.ConfigError(f"--port {args.port} is not a port: give 0 to 65535")
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        raise errors.ConfigError(f"--metrics-port {args.metrics_port} is not a port: give 1 "
+                                 "to 65535")
     config = CatalogConfig(url=args.url, warehouse=args.warehouse, host=args.host,
                            port=args.port, timeline=args.timeline,
                            token=read_token(args.token_file) if args.token_file else None,
                            allowed_locations=tuple(args.allow_location),
-                           io_properties=tuple(parse_io_property(p) for p in args.io_property))
+                           io_properties=tuple(parse_io_property(p) for p in args.io_property),
+                           metrics_port=args.metrics_port)
     return run(_serving(serve(config, lambda url: print(f"catalog: {url}", flush=True))))
 
 

@@ -8,8 +8,9 @@ extra), so the spec can be parsed without it.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tsoracle.errors import ConfigError, InvalidTimeline
@@ -27,6 +28,34 @@ KIND = "TimestampOracle"
 
 
 @dataclass(frozen=True)
+class CatalogVolume:
+    """What holds a file:// warehouse in the catalog's pods: a node directory or a claim."""
+
+    host_path: str = ""
+    claim_name: str = ""
+
+
+@dataclass(frozen=True)
+class CatalogSpec:
+    """spec.catalog, enabled: the Iceberg REST catalog the operator runs for the resource."""
+
+    warehouse: str  # file:///path or s3://bucket/prefix (s3a:// too)
+    timeline: str  # orders its commits; one of the resource's timelines
+    replicas: int = 1
+    token_secret: str = ""  # a Secret holding the bearer token; "": no token required
+    token_key: str = "token"
+    volume: CatalogVolume | None = None  # file:// warehouses only (and required there)
+    # Container resources, as Kubernetes has them: {"requests": {...}, "limits": {...}}.
+    resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    @property
+    def warehouse_path(self) -> str:
+        """The directory of a file:// warehouse ("" for object stores)."""
+        return self.warehouse.removeprefix("file://") if self.warehouse.startswith("file://") \
+            else ""
+
+
+@dataclass(frozen=True)
 class OracleSpec:
     secret_name: str
     secret_key: str
@@ -37,6 +66,14 @@ class OracleSpec:
     deletion_policy: str
     rollout_window_s: int
     refresh_s: int
+    catalog: CatalogSpec | None = None  # None: spec.catalog is absent or not enabled
+
+
+# What the CRD allows: a Kubernetes quantity (an integer or a string such as 500m or 256Mi).
+_NUMBER = r"(\d+(\.\d*)?|\.\d+)"
+_QUANTITY = re.compile(rf"^[+-]?{_NUMBER}([KMGTPE]i|[numkMGTPE]|[eE][+-]?{_NUMBER})?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MAX_CATALOG_REPLICAS = 16
 
 
 def parse_spec(spec: Mapping[str, Any]) -> OracleSpec:
@@ -58,6 +95,7 @@ def parse_spec(spec: Mapping[str, Any]) -> OracleSpec:
         except InvalidTimeline as exc:
             raise ConfigError(f"spec.timelines: {exc}") from None
     return OracleSpec(
+        catalog=parse_catalog(spec.get("catalog") or {}, timelines),
         secret_name=str(ref["name"]),
         secret_key=str(ref.get("key") or "url"),
         schema=str(backend.get("schema") or "tsoracle"),
@@ -68,6 +106,76 @@ def parse_spec(spec: Mapping[str, Any]) -> OracleSpec:
         rollout_window_s=int(spec.get("rolloutWindowSeconds", 30)),
         refresh_s=int(spec.get("statusRefreshSeconds", 10)),
     )
+
+
+def parse_catalog(catalog: Mapping[str, Any], timelines: tuple[str, ...]) -> CatalogSpec | None:
+    """spec.catalog, checked as the CRD does (for resources it did not check) and beyond: the
+    timeline must be one of the resource's, a file:// warehouse needs a volume."""
+    if not catalog.get("enabled", False):
+        return None
+    warehouse = str(catalog.get("warehouse") or "")
+    if not warehouse:
+        raise ConfigError("spec.catalog.warehouse is required when spec.catalog.enabled is "
+                          "true: where tables' files go (file:///path or s3://bucket/prefix)")
+    if warehouse.startswith("file://"):
+        path = warehouse.removeprefix("file://")
+        if not path.startswith("/") or path.rstrip("/") == "" or ".." in path.split("/"):
+            raise ConfigError(f"spec.catalog.warehouse {warehouse!r} must name an absolute "
+                              "directory, as file:///data/warehouse (three slashes, no ..)")
+    elif not re.match(r"^s3a?://[^/]+", warehouse):
+        raise ConfigError(f"spec.catalog.warehouse {warehouse!r} must be a file:///… path "
+                          "or an s3://bucket/prefix URI")
+    timeline = str(catalog.get("timeline") or timelines[0])
+    if timeline not in timelines:
+        raise ConfigError(f"spec.catalog.timeline {timeline!r} is not one of spec.timelines "
+                          f"({', '.join(timelines)}); add it there first")
+    replicas = catalog.get("replicas", 1)
+    if not isinstance(replicas, int) or not 1 <= replicas <= MAX_CATALOG_REPLICAS:
+        raise ConfigError(f"spec.catalog.replicas must be 1 to {MAX_CATALOG_REPLICAS}")
+    token = catalog.get("tokenSecretRef") or {}
+    if token and not token.get("name"):
+        raise ConfigError("spec.catalog.tokenSecretRef.name is required (the Secret holding "
+                          "the bearer token)")
+    return CatalogSpec(
+        warehouse=warehouse.rstrip("/") if warehouse.startswith("file://") else warehouse,
+        timeline=timeline, replicas=replicas,
+        token_secret=str(token.get("name") or ""), token_key=str(token.get("key") or "token"),
+        volume=_catalog_volume(catalog.get("volume"), warehouse),
+        resources=_catalog_resources(catalog.get("resources") or {}))
+
+
+def _catalog_volume(volume: Mapping[str, Any] | None, warehouse: str) -> CatalogVolume | None:
+    if not warehouse.startswith("file://"):
+        if volume:
+            raise ConfigError("spec.catalog.volume is only for file:// warehouses; an object "
+                              "store needs none")
+        return None
+    if not volume:
+        raise ConfigError("spec.catalog.volume is required for a file:// warehouse: the "
+                          "catalog's pods need the directory (hostPath: a node directory, or "
+                          "claimName: a PersistentVolumeClaim)")
+    host_path, claim = str(volume.get("hostPath") or ""), str(volume.get("claimName") or "")
+    if bool(host_path) == bool(claim):
+        raise ConfigError("spec.catalog.volume needs exactly one of hostPath and claimName")
+    if host_path and not host_path.startswith("/"):
+        raise ConfigError(f"spec.catalog.volume.hostPath {host_path!r} must be an absolute "
+                          "path on the node")
+    if claim and (len(claim) > 253 or not _DNS_SUBDOMAIN.match(claim)):
+        raise ConfigError(f"spec.catalog.volume.claimName {claim!r} is not a "
+                          "PersistentVolumeClaim name")
+    return CatalogVolume(host_path=host_path, claim_name=claim)
+
+
+def _catalog_resources(resources: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for kind in ("requests", "limits"):
+        for name, value in (resources.get(kind) or {}).items():
+            text = str(value)
+            if isinstance(value, bool) or not _QUANTITY.match(text):
+                raise ConfigError(f"spec.catalog.resources.{kind}.{name} {text!r} is not a "
+                                  "quantity (for example 250m, 1, 256Mi)")
+            out.setdefault(kind, {})[str(name)] = text
+    return out
 
 
 def resource_url(url: str, schema: str) -> str:
@@ -94,6 +202,12 @@ class SecretProblem(ConfigError):
 
 def read_secret_url_sync(api: ApiClient, namespace: str, name: str, key: str) -> str:
     """The backend URL stored in a Secret. Errors name the Secret and key, never the value."""
+    return read_secret_text_sync(api, namespace, name, key).strip()
+
+
+def read_secret_text_sync(api: ApiClient, namespace: str, name: str, key: str) -> str:
+    """The backend Secret's value as it is stored (pods that take it as an environment
+    variable see it so, blanks included). Errors name the Secret and key, never the value."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -121,7 +235,7 @@ def read_secret_url_sync(api: ApiClient, namespace: str, name: str, key: str) ->
         raise SecretProblem("SecretKeyMissing",
                             f"Secret {namespace}/{name} has no key {key!r}")
     try:
-        return base64.b64decode(data).decode().strip()
+        return base64.b64decode(data).decode()
     except (ValueError, UnicodeDecodeError):
         raise SecretProblem("BadURL", f"Secret {namespace}/{name} key {key!r} is not "
                             "UTF-8 text") from None

@@ -1,12 +1,15 @@
-"""A Spark driver that appends timestamped rows and reads them back, on the configured oracle.
+"""A Spark driver that appends rows to an Iceberg table through tsoracle's catalog and reads them
+back, as of oracle timestamps.
 
 Submitted with `spark-submit --master k8s://… --deploy-mode cluster` (see docs/spark.md), it
-runs in the driver pod: it finds the oracle only through the TimestampOracle resource (the pod's
-ServiceAccount), its executors write the Parquet files, and every append is one group commit.
-After each append it reads the table linearized and checks that every append that finished
-before the read began is there: its own, and those other drivers reported finished.
+runs in the driver pod: it finds the catalog through the TimestampOracle resource
+(`status.catalog.url`, read with the pod's ServiceAccount; the bearer token comes from the
+environment), its executors write the data files into the warehouse, and every append is one
+commit at one oracle timestamp. After each append it reads the table linearized and checks that
+every append that finished before the read began is there: its own, and those other drivers
+reported finished.
 
-    pipeline.py --resource orders --namespace etl --writer a --data /data/tables
+    pipeline.py --resource orders --namespace etl --writer a --progress /data/progress
 
 It prints one line `TSORACLE_PIPELINE_REPORT {json}` and exits 1 if a check failed.
 """
@@ -15,44 +18,51 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from tsoracle.errors import NotInitialized
-from tsoracle.spark import OracleClient
-from tsoracle.spark.table import TimestampedTable
+from tsoracle.spark import Lakehouse, TableExists
+from tsoracle.spark.session import JAR_ENV
 
-SCHEMA = StructType([StructField("writer", StringType()), StructField("batch", LongType()),
-                     StructField("seq", LongType())])
+SCHEMA = "writer STRING, batch BIGINT, seq BIGINT"
+TOKEN_ENV = "TSORACLE_CATALOG_TOKEN"
 
 
-def open_table(client: OracleClient, spark: SparkSession, name: str) -> TimestampedTable:
-    """The shared table; the first driver creates it, a racing one opens it."""
-    for _ in range(20):
-        try:
-            return client.table(spark, name)
-        except NotInitialized:
-            try:
-                return client.create_table(spark, name, SCHEMA)
-            except Exception:  # noqa: BLE001 - another driver created it first: open it
-                time.sleep(0.5)
-    raise SystemExit(f"table {name!r} could neither be opened nor created")
+def catalog_url(resource: str, namespace: str) -> str:
+    """The catalog the operator runs for the resource (spec.catalog), from its status."""
+    from kubernetes import client, config
+
+    config.load_incluster_config()
+    obj: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
+        "tsoracle.io", "v1alpha1", namespace, "timestamporacles", resource)
+    url = ((obj.get("status") or {}).get("catalog") or {}).get("url")
+    if not url:
+        raise SystemExit(f"TimestampOracle {namespace}/{resource} publishes no catalog "
+                         "(status.catalog.url): enable spec.catalog and wait for CatalogReady")
+    return str(url)
+
+
+def ship_nothing() -> dict[str, str]:
+    """Where Iceberg's runtime is among Spark's own jars (the tsoracle-spark image: in the driver
+    and every executor), Spark need not copy it to each executor (48 MB) again."""
+    jar = Path(os.environ.get(JAR_ENV, ""))
+    home = Path(os.environ.get("SPARK_HOME", "/nonexistent"))
+    return {"spark.jars": ""} if jar.parent == home / "jars" and jar.is_file() else {}
 
 
 def finished_elsewhere(progress: Path, writer: str) -> dict[str, int]:
     """writer -> batches other drivers reported finished (files they write after each append)."""
     done = {}
     for path in progress.glob("*.done"):
-        other = path.stem
-        if other != writer:
-            done[other] = int(path.read_text() or 0)
+        if path.stem != writer:
+            done[path.stem] = int(path.read_text() or 0)
     return done
 
 
@@ -65,67 +75,55 @@ def median_ms(call: Callable[[], object], n: int) -> float:
     return round(statistics.median(times), 2)
 
 
-def oracle_share(client: OracleClient, table: TimestampedTable, commits_ms: list[float],
-                 n: int) -> dict[str, float]:
-    """Median milliseconds this driver spends on the oracle's database, Spark left out: per
-    append group (write_ts, the catalog commit of its files, apply_write) and per linearized
-    read (read_ts, the catalog's upper, the seal: before Spark lists and reads the files)."""
-    timeline = table.timeline
-    stamps: list[int] = []
-    shares = {"write_ts": median_ms(
-        lambda: stamps.append(client.write_ts(timeline).timestamp), n)}
-    shares["apply_write"] = median_ms(lambda: client.apply_write(stamps.pop(0), timeline), n)
-    shares["commit"] = round(statistics.median(commits_ms), 2) if commits_ms else 0.0
-    shares["append_group"] = round(shares["write_ts"] + shares["commit"]
-                                   + shares["apply_write"], 2)
-    shares["linearized_read"] = median_ms(lambda: table.resolve("linearized"), n)
-    return shares
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--resource", required=True, help="the TimestampOracle's name")
     parser.add_argument("--namespace", required=True, help="the TimestampOracle's namespace")
     parser.add_argument("--writer", required=True, help="this driver's name in the rows")
-    parser.add_argument("--data", required=True, help="folder both driver and executors mount")
-    parser.add_argument("--table", default="events")
+    parser.add_argument("--progress", required=True,
+                        help="a folder every driver mounts, for 'batch finished' notes")
+    parser.add_argument("--table", default="etl.events", help="namespace.name")
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--rows", type=int, default=200, help="rows per append")
     parser.add_argument("--pause", type=float, default=0.0, help="seconds between appends")
     parser.add_argument("--measure", type=int, default=0, metavar="N",
-                        help="also time N of each oracle call and report the medians")
+                        help="also time N linearized read timestamps and report the median")
     args = parser.parse_args(argv)
 
-    spark = SparkSession.builder.appName(f"tsoracle-pipeline-{args.writer}").getOrCreate()
-    client = OracleClient.from_resource(args.resource, args.namespace, data_dir=args.data)
-    table = open_table(client, spark, args.table)
-    progress = Path(args.data) / "_progress"
+    lake = Lakehouse.start(catalog_url(args.resource, args.namespace),
+                           token=os.environ.get(TOKEN_ENV) or None,
+                           app_name=f"tsoracle-pipeline-{args.writer}",
+                           extra_conf=ship_nothing())
+    spark = lake.spark
+    for attempt in range(3):  # drivers started together race to create it
+        try:
+            lake.create_table(args.table, SCHEMA, if_not_exists=True)
+            break
+        except TableExists:
+            break  # another driver created it between the check and the create
+        except Exception as exc:
+            if "ALREADY_EXISTS" not in str(exc) or attempt == 2:  # ... or its namespace
+                raise
+    progress = Path(args.progress)
     progress.mkdir(parents=True, exist_ok=True)
-    report: dict[str, object] = {"writer": args.writer, "appends": [], "failures": []}
-    commits_ms: list[float] = []  # each catalog commit's time, from the table's hooks
-    commit_began: dict[int, float] = {}
-    table.before_commit = lambda ts: commit_began.__setitem__(ts, time.perf_counter())
-    table.after_commit = lambda ts: commits_ms.append(
-        (time.perf_counter() - commit_began.pop(ts)) * 1000)
-    failures: list[str] = report["failures"]  # type: ignore[assignment]
+    report: dict[str, Any] = {"writer": args.writer, "appends": [], "failures": []}
+    failures: list[str] = report["failures"]
     for batch in range(args.batches):
         rows = spark.range(args.rows, numPartitions=2).select(
             F.lit(args.writer).alias("writer"), F.lit(batch).cast("long").alias("batch"),
             F.col("id").alias("seq"))
         started = time.monotonic()
-        ts = table.append(rows)
+        ts = lake.append(args.table, rows)
         append_ms = (time.monotonic() - started) * 1000
-        # Which oracle stamped it: the one open now (a flip reopens it on the next call).
-        epoch, implementation = client.epoch(), client.implementation()
         (progress / f"{args.writer}.done").write_text(str(batch + 1))
         others = finished_elsewhere(progress, args.writer)  # finished before the read begins
         started = time.monotonic()
-        read_ts, df = table.read_with_ts()
-        counts = {(r["writer"], r["batch"]): r["n"] for r in
-                  df.groupBy("writer", "batch").agg(F.count("*").alias("n")).collect()}
+        cut = lake.cut([args.table])  # linearized: read_ts(), then the table as of it
+        counts = {(r["writer"], r["batch"]): r["n"] for r in cut[args.table].groupBy(
+            "writer", "batch").agg(F.count("*").alias("n")).collect()}
         read_ms = (time.monotonic() - started) * 1000
-        if read_ts < ts:
-            failures.append(f"read at {read_ts} is below own append at {ts}")
+        if cut.ts < ts:
+            failures.append(f"read at {cut.ts} is below own append at {ts}")
         for b in range(batch + 1):
             if counts.get((args.writer, b)) != args.rows:
                 failures.append(f"own batch {b}: {counts.get((args.writer, b))} rows seen")
@@ -133,32 +131,29 @@ def main(argv: list[str]) -> int:
             for b in range(done):
                 if counts.get((other, b)) != args.rows:
                     failures.append(f"{other}'s finished batch {b} not seen in full")
-        report["appends"].append({  # type: ignore[union-attr]
-            "batch": batch, "ts": ts, "read_ts": read_ts, "epoch": epoch,
-            "implementation": implementation, "append_ms": round(append_ms, 1),
-            "read_ms": round(read_ms, 1)})
+        report["appends"].append({"batch": batch, "ts": ts, "read_ts": cut.ts,
+                                  "append_ms": round(append_ms, 1),
+                                  "read_ms": round(read_ms, 1)})
         time.sleep(args.pause)
-    # The whole table at the end: every row once, and each append's rows under one timestamp,
-    # the one its group commit returned.
-    final_ts, rows_now = table.read_with_ts()
-    stamps = {(r["writer"], r["batch"]): [int(t) for t in r["stamps"]] for r in
-              table.changelog(final_ts).groupBy("writer", "batch")
-              .agg(F.collect_set("_ts").alias("stamps")).collect()}
-    for entry in report["appends"]:  # type: ignore[union-attr]
-        got = stamps.get((args.writer, entry["batch"]))
-        if got != [entry["ts"]]:
-            failures.append(f"batch {entry['batch']}: stamped {got}, committed at {entry['ts']}")
-    report["final"] = {"read_ts": final_ts, "rows": rows_now.count(),
+    # The whole table at the end: every row once; and each of this driver's appends became
+    # visible exactly at the timestamp its commit returned (absent just below it).
+    final = lake.cut([args.table])
+    rows_now = final[args.table]
+    stamps = {}
+    for entry in report["appends"]:
+        mine = (F.col("writer") == args.writer) & (F.col("batch") == entry["batch"])
+        at, below = (lake.read(args.table, t).where(mine).count()
+                     for t in (entry["ts"], entry["ts"] - 1))
+        if (at, below) != (args.rows, 0):
+            failures.append(f"batch {entry['batch']} committed at {entry['ts']}: {at} rows "
+                            f"there, {below} just below")
+        stamps[f"{args.writer}/{entry['batch']}"] = entry["ts"]
+    report["final"] = {"read_ts": final.ts, "rows": rows_now.count(),
                        "distinct": rows_now.select("writer", "batch", "seq").distinct().count(),
-                       "stamps": {f"{w}/{b}": ts for (w, b), ts in sorted(stamps.items())}}
-    report["reopens"] = client.reopens
+                       "stamps": stamps}
     if args.measure > 0:
-        try:
-            report["oracle_ms"] = oracle_share(client, table, commits_ms, args.measure)
-        except Exception as exc:  # noqa: BLE001 - the report still says what was checked
-            failures.append(f"measuring the oracle: {type(exc).__name__}: {exc}")
+        report["read_ts_ms"] = median_ms(lake.read_ts, args.measure)
     print("TSORACLE_PIPELINE_REPORT " + json.dumps(report), flush=True)
-    client.close()
     spark.stop()
     return 1 if failures else 0
 

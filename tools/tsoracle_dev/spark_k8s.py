@@ -1,8 +1,11 @@
-"""`spark-submit --deploy-mode cluster` of examples/spark/pipeline.py onto the dev node.
+"""`spark-submit --deploy-mode cluster` of examples/spark/pipeline.py onto the dev node, writing
+Iceberg tables through the catalog the operator runs for the TimestampOracle (spec.catalog).
 
 One place for the Spark configuration the tests, the demo and docs/spark.md use: the image, the
-drivers' ServiceAccount, requests small enough for one 2-core node, and the hostPath volume the
-driver and its executors share for the Parquet files.
+drivers' ServiceAccount, requests small enough for one 2-core node, the catalog's bearer token
+as the driver's environment, and the hostPath folder the catalog, the driver and its executors
+share: the warehouse (Iceberg's data and metadata files, at the same path everywhere, since
+table locations are file:// paths) and the drivers' progress notes.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import statistics
 import subprocess
 import sys
@@ -23,26 +27,31 @@ from tsoracle_dev.kubetools import tools_dir
 SPARK_IMAGE = "tsoracle-spark:0.1.0"
 JOB = "local:///opt/tsoracle-spark/examples/pipeline.py"
 REPORT = "TSORACLE_PIPELINE_REPORT "
+TOKEN_ENV = "TSORACLE_CATALOG_TOKEN"  # what pipeline.py reads
 
 
 def submit_argv(api_server: str, writer: str, *, namespace: str, resource: str, data: Path,
-                image: str = SPARK_IMAGE, service_account: str = "spark",
+                token_secret: str, image: str = SPARK_IMAGE, service_account: str = "spark",
                 executors: int = 2, job_args: tuple[str, ...] = ()) -> list[str]:
-    volume = {"mount.path": "/data", "options.path": str(data)}
+    """`data`: the shared folder on the node (prepare_data_dir), mounted at its own path."""
+    volume = {"mount.path": str(data), "options.path": str(data)}
     conf = {
         "spark.kubernetes.namespace": namespace,
         "spark.kubernetes.container.image": image,
         "spark.kubernetes.container.image.pullPolicy": "IfNotPresent",
         "spark.kubernetes.authenticate.driver.serviceAccountName": service_account,
         "spark.executor.instances": str(executors),
-        # One node with 2 cores runs two drivers and four executors: small CPU requests (the
-        # task slots stay spark.executor.cores = 1) and half a GiB of heap each.
+        # One node with 2 cores runs two drivers, four executors and the catalog: small CPU
+        # requests (the task slots stay spark.executor.cores = 1), half a GiB of heap each.
         "spark.kubernetes.driver.request.cores": "0.1",
         "spark.kubernetes.executor.request.cores": "0.1",
         "spark.driver.memory": "512m",
         "spark.executor.memory": "512m",
         **{f"spark.kubernetes.{role}.volumes.hostPath.data.{key}": value
            for role in ("driver", "executor") for key, value in volume.items()},
+        # The kubelet puts the token in the driver's environment: it is in no argument, no
+        # pod spec, and the driver's ServiceAccount needs no right on the Secret.
+        f"spark.kubernetes.driver.secretKeyRef.{TOKEN_ENV}": f"{token_secret}:token",
         "spark.kubernetes.submission.waitAppCompletion": "true",
     }
     argv = ["spark-submit", "--master", f"k8s://{api_server}", "--deploy-mode", "cluster",
@@ -50,7 +59,7 @@ def submit_argv(api_server: str, writer: str, *, namespace: str, resource: str, 
     for key, value in conf.items():
         argv += ["--conf", f"{key}={value}"]
     return [*argv, JOB, "--resource", resource, "--namespace", namespace, "--writer", writer,
-            "--data", "/data/tables", *job_args]
+            "--progress", str(data / "progress"), *job_args]
 
 
 def driver_pod(submit_output: str) -> str:
@@ -70,9 +79,24 @@ def report(driver_log: str) -> dict[str, object]:
 
 
 def prepare_data_dir(path: Path, uid: int = 65532) -> None:
-    """The hostPath folder, writable by the image's user."""
-    path.mkdir(parents=True, exist_ok=True)
+    """The hostPath folder: the warehouse and the progress notes, writable by the images'
+    user (the catalog's pods and Spark's)."""
+    for sub in ("warehouse", "progress"):
+        (path / sub).mkdir(parents=True, exist_ok=True)
     subprocess.run(["chown", "-R", f"{uid}:{uid}", str(path)], check=True)
+
+
+def catalog_spec(data: Path, token_secret: str) -> dict[str, object]:
+    """spec.catalog for a resource whose catalog writes into `data`'s warehouse."""
+    return {"enabled": True, "warehouse": f"file://{data / 'warehouse'}",
+            "volume": {"hostPath": str(data / "warehouse")},
+            "tokenSecretRef": {"name": token_secret}}
+
+
+def catalog_token_secret(name: str) -> str:
+    """A Secret (JSON, for `kubectl apply -f -`) with a fresh bearer token under key `token`."""
+    return json.dumps({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+                       "stringData": {"token": secrets.token_hex(24)}})
 
 
 # --- `make spark-k8s-demo`: two drivers on the dev node, a flip between them ----------------
@@ -93,48 +117,60 @@ def _demo(state: Path) -> int:
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), str(tools_dir()),
                                     os.environ["PATH"]])}
 
-    def sh(*argv: str, check: bool = True) -> str:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=CHECKOUT)
+    def sh(*argv: str, check: bool = True, stdin: str | None = None) -> str:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=CHECKOUT,
+                              input=stdin)
         if check and proc.returncode:
             raise SystemExit(f"error: {' '.join(argv[:4])} … failed:\n{proc.stderr[-2000:]}")
         return proc.stdout
 
+    def status() -> dict:  # type: ignore[type-arg]
+        return dict(json.loads(sh("kubectl", "-n", "etl", "get", "tso", "orders", "-o",
+                                  "json"))["status"])
+
     began = time.monotonic()
-    print("[demo] building and importing the Spark image (minutes the first time)")
+    print("[demo] building and importing the operator and Spark images (minutes the first time)")
     sh(sys.executable, "-m", "tsoracle_dev.images", "--spark", "--import")
     sh("kubectl", "create", "namespace", "etl", check=False)
     sh("kubectl", "-n", "etl", "create", "serviceaccount", "spark", check=False)
     sh("helm", "upgrade", "--install", "tsoracle", "charts/tsoracle", "-n", "tsoracle-system",
        "--create-namespace", "--reuse-values", "--wait", "--set", "sparkDrivers.enabled=true",
        "--set", "sparkDrivers.namespace=etl", "--set", "sparkDrivers.serviceAccount=spark",
-       "--set", "sparkDrivers.secretNames={oracle-db}", "--set", "sparkDrivers.executorPods=true")
+       "--set", "sparkDrivers.executorPods=true")
     secret = sh("kubectl", "-n", "etl", "create", "secret", "generic", "oracle-db",
                 f"--from-literal=url={info['postgres_url']}", "--dry-run=client", "-o", "yaml")
-    subprocess.run(["kubectl", "apply", "-f", "-"], input=secret, env=env, check=True,
-                   capture_output=True, text=True)
+    sh("kubectl", "-n", "etl", "apply", "-f", "-", stdin=secret)
     sh("kubectl", "-n", "etl", "label", "--overwrite", "secret", "oracle-db",
        "tsoracle.io/backend=true")
-    sh("kubectl", "-n", "etl", "apply", "-f", "examples/timestamporacle.yaml")
-    sh("kubectl", "-n", "etl", "wait", "tso/orders", "--for=condition=Ready", "--timeout=120s")
-    # Each run its own folder and so its own table: the catalog, in the cluster's PostgreSQL,
-    # outlives a run, and a table must keep the folder it was written to.
-    run = time.strftime("%Y%m%d_%H%M%S")
-    data = state / "spark-demo" / run
+    if sh("kubectl", "-n", "etl", "get", "secret", "orders-catalog-token", check=False) == "":
+        sh("kubectl", "-n", "etl", "apply", "-f", "-",
+           stdin=catalog_token_secret("orders-catalog-token"))
+    # One warehouse for every run (the catalog's tables live there); each run a table and
+    # progress notes of its own, so the demo can run again on the same cluster.
+    data = state / "spark-demo"
     prepare_data_dir(data)
+    run = time.strftime("%Y%m%d_%H%M%S")
+    (data / "progress" / run).mkdir()
+    os.chown(data / "progress" / run, 65532, 65532)
+    sh("kubectl", "-n", "etl", "apply", "-f", "examples/timestamporacle.yaml")
+    sh("kubectl", "-n", "etl", "patch", "tso", "orders", "--type", "merge", "-p",
+       json.dumps({"spec": {"catalog": catalog_spec(data, "orders-catalog-token")}}))
+    sh("kubectl", "-n", "etl", "wait", "tso/orders", "--for=condition=CatalogReady",
+       "--timeout=180s")
     api = f"https://{info['host']}:{info['apiserver_port']}"
-    print("[demo] flipping orders to legacy: the first driver writes there alone")
+    print("[demo] flipping orders to legacy: the catalog's commits take legacy's timestamps")
     sh("kubectl", "tsoracle", "flip", "orders", "--to", "legacy", "-n", "etl")
-    epoch0 = int(json.loads(sh("kubectl", "-n", "etl", "get", "tso", "orders", "-o",
-                               "json"))["status"]["epoch"])
 
     def submit(writer: str) -> subprocess.Popen[str]:
         argv = submit_argv(api, writer, namespace="etl", resource="orders", data=data,
-                           job_args=("--table", f"events_{run}", "--batches", "6", "--rows",
-                                     "100", "--pause", "2", "--measure", "50"))
+                           token_secret="orders-catalog-token",
+                           job_args=("--table", f"etl.events_{run}", "--batches", "6",
+                                     "--rows", "100", "--pause", "2", "--measure", "50"))
+        argv[argv.index("--progress") + 1] = str(data / "progress" / run)
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env)
 
-    done = data / "tables" / "_progress" / "x.done"
+    done = data / "progress" / run / "x.done"
     first = submit("x")
     print("[demo] spark-submit x (driver and 2 executor pods)")
     while not done.exists() and first.poll() is None:
@@ -142,6 +178,7 @@ def _demo(state: Path) -> int:
     second = submit("y")
     print("[demo] spark-submit y; flipping orders to distributed while both run")
     sh("kubectl", "tsoracle", "flip", "orders", "--to", "distributed", "-n", "etl")
+    bootstrap = int(status()["bootstrapTimestamp"]["EpochMilliseconds"])
     reports = {}
     for writer, proc in (("x", first), ("y", second)):
         out, _ = proc.communicate()
@@ -155,30 +192,26 @@ def _demo(state: Path) -> int:
     stamps = [a["ts"] for r in reports.values() for a in r["appends"]]
     checks.append(("every driver's own checks passed",
                    all(not r["failures"] for r in reports.values())))
-    checks.append(("one timestamp per group commit, none reused",
+    checks.append(("one timestamp per append, none reused",
                    len(set(stamps)) == len(stamps) == 12))
-    checks.append(("nothing served by the superseded implementation", all(
-        (a["epoch"], a["implementation"]) in ((epoch0, "legacy"), (epoch0 + 1, "distributed"))
-        for r in reports.values() for a in r["appends"])))
-    checks.append(("x wrote before and after the flip",
-                   {a["epoch"] for a in reports["x"]["appends"]} == {epoch0, epoch0 + 1}))
+    x = [a["ts"] for a in reports["x"]["appends"]]
+    checks.append(("x committed on legacy and then on distributed (the flip between: "
+                   "legacy's timestamps at or below its bootstrap, distributed's above)",
+                   min(x) <= bootstrap < max(x) and x == sorted(x)))
     last = max(reports.values(), key=lambda r: r["final"]["read_ts"])
     checks.append(("the last read sees all 1200 rows, each once",
                    last["final"]["rows"] == last["final"]["distinct"] == 1200))
     pods = sh("kubectl", "-n", "etl", "get", "pods", "-o", "name").split()
     print(f"\ntsoracle Spark-on-Kubernetes demo ({time.monotonic() - began:.0f} s)")
     for r in reports.values():
-        epochs = [a["epoch"] for a in r["appends"]]
-        print(f"  driver {r['pod']}: 6 appends x 100 rows, epochs {epochs}, "
-              f"reopens {r['reopens']}")
-        share = r["oracle_ms"]
-        print(f"    oracle per append group {share['append_group']} ms (write_ts "
-              f"{share['write_ts']}, commit {share['commit']}, apply_write "
-              f"{share['apply_write']}) of a median append of {_later(r, 'append_ms')} ms; "
-              f"per linearized read {share['linearized_read']} ms of a median read of "
-              f"{_later(r, 'read_ms')} ms")
+        print(f"  driver {r['pod']}: 6 appends x 100 rows at {[a['ts'] for a in r['appends']]}"
+              f" (the flip's bootstrap: {bootstrap})")
+        print(f"    median append {_later(r, 'append_ms')} ms, median linearized read "
+              f"{_later(r, 'read_ms')} ms, of which read_ts through the catalog "
+              f"{r['read_ts_ms']} ms")
     print(f"  pods in etl: {len([p for p in pods if p.endswith('-driver')])} drivers, "
-          f"{len([p for p in pods if '-exec-' in p])} executors still listed")
+          f"{len([p for p in pods if '-exec-' in p])} executors still listed, "
+          f"{len([p for p in pods if 'orders-catalog' in p])} catalog")
     for name, ok in checks:
         print(f"    [{'ok' if ok else 'FAIL'}] {name}")
     return 0 if all(ok for _, ok in checks) else 1

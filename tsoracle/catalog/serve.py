@@ -10,8 +10,10 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
+from wsgiref.simple_server import WSGIServer
 
 import uvicorn
+from prometheus_client import start_http_server
 
 from tsoracle.catalog import state
 from tsoracle.catalog.app import MAX_BODY, build_app
@@ -40,6 +42,7 @@ class CatalogConfig:
     max_body: int = MAX_BODY
     allowed_locations: tuple[str, ...] = ()  # roots besides the warehouse tables may live under
     io_properties: tuple[tuple[str, str], ...] = ()  # FileIO settings (s3.endpoint, ...)
+    metrics_port: int | None = None  # serve /metrics (the catalog's and the oracle's) here
 
 
 def parse_io_property(text: str) -> tuple[str, str]:
@@ -95,10 +98,17 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
     sock = _listen(config.host, config.port)
     ordering: Ordering | None = None
     try:
+        metrics = None if config.metrics_port is None else \
+            _serve_metrics(config.host, config.metrics_port)
+    except BaseException:
+        sock.close()
+        raise
+    try:
         backend = await _without_address(config.url, open_instrumented_backend(config.url,
                                                                                "catalog"))
     except BaseException:
         sock.close()
+        _stop_metrics(metrics)
         raise
     try:
         ordering = Ordering(config.url, config.timeline, backend,
@@ -131,9 +141,27 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
                 t.cancel()
     finally:
         sock.close()
+        _stop_metrics(metrics)
         if ordering is not None:
             await ordering.close()
         await backend.close()
+
+
+def _serve_metrics(host: str, port: int) -> WSGIServer:
+    """/metrics on a thread of its own, bound before anything is served (a taken port is a
+    bad flag, not a half-started catalog)."""
+    try:
+        server, _thread = start_http_server(port, addr=host)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port} ({exc.strerror}); choose "
+                          "another --metrics-port") from None
+    return server
+
+
+def _stop_metrics(server: WSGIServer | None) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()
 
 
 async def _without_address(url: str, step: Awaitable[T]) -> T:

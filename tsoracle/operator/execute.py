@@ -11,15 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from tsoracle.fencing import IMPLEMENTATIONS, Deployment, finish_rollout, set_fencing
-from tsoracle.operator import metrics
+from tsoracle.operator import catalog, kube, metrics
+from tsoracle.operator.logs import describe_api_error
 from tsoracle.operator.model import (
     TIME_FORMAT,
+    ApplyCatalog,
     FinishRollout,
     Flip,
     Plan,
     PublishFlip,
+    RemoveCatalog,
     SetFencing,
     Step,
     needs_provisioning,
@@ -76,6 +80,8 @@ class Pass:
     flipped: bool = False  # a flip was published (Event posted)
     bootstrap: dict[str, int] = field(default_factory=dict)  # ... from that flip
     flip_time: str = ""
+    catalog_applied: catalog.SeenObject | None = None  # the catalog's Deployment, as applied
+    catalog_rejected: str = ""  # why the API server refused to apply it
 
 
 async def run(todo: Plan, p: Pass) -> Pass:
@@ -96,6 +102,10 @@ async def _perform(step: Step, p: Pass) -> None:
             await _publish_flip(step, p)
         case FinishRollout():
             await _finish_rollout(p)
+        case ApplyCatalog():
+            await _apply_catalog(step, p)
+        case RemoveCatalog():
+            await _remove_catalog(step, p)
         case _:
             assert_never(step)
 
@@ -145,6 +155,32 @@ async def _publish_flip(step: PublishFlip, p: Pass) -> None:
 async def _finish_rollout(p: Pass) -> None:
     await finish_rollout(p.backend)
     log.info("%s: rollout window over: only the inactive implementation is fenced now", p.ref)
+
+
+# The API server's answers that a retry of the same objects will not change.
+_REFUSALS = (400, 403, 404, 422)
+
+
+async def _apply_catalog(step: ApplyCatalog, p: Pass) -> None:
+    want = step.desired
+    meta, spec = want.deployment["metadata"], want.deployment["spec"]
+    try:
+        p.catalog_applied = await kube.apply_catalog(want)
+    except ApiException as exc:
+        if exc.status not in _REFUSALS:
+            raise  # the API server is unwell: the pass is retried
+        p.catalog_rejected = describe_api_error(exc)
+        log.warning("%s: catalog not applied: %s", p.ref, p.catalog_rejected)
+        return
+    log.info("%s: catalog applied: Deployment and Service %s, %d replicas (digest %s)",
+             p.ref, meta["name"], spec["replicas"], want.digest)
+
+
+async def _remove_catalog(step: RemoveCatalog, p: Pass) -> None:
+    await kube.delete_catalog(step.namespace, step.name, deployment=step.deployment,
+                              service=step.service)
+    log.info("%s: catalog removed (spec.catalog disabled): Deployment and Service %s", p.ref,
+             step.name)
 
 
 def _published(p: Pass, previous: str, to: str, epoch: int, bootstrap: dict[str, int]) -> None:

@@ -23,16 +23,27 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from tsoracle.errors import ConfigError, OracleError
-from tsoracle.operator import execute, logs, metrics
+from tsoracle.operator import catalog, execute, logs, metrics
 from tsoracle.operator.backends import SharedBackends
-from tsoracle.operator.kube import patch_status, read_secret_url, wait_until_served
+from tsoracle.operator.kube import (
+    patch_status,
+    read_catalog,
+    read_secret_text,
+    read_secret_url,
+    token_problem,
+    wait_until_served,
+)
 from tsoracle.operator.lease import LeaderLease
 from tsoracle.operator.model import (
+    WARNED_CATALOG_REASONS,
     WARNED_REASONS,
+    CatalogObservation,
     Observation,
     Outcome,
+    catalog_outcome,
     degraded,
     plan,
+    published_catalog_reason,
     published_degraded_reason,
     status_patch,
 )
@@ -224,18 +235,37 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body, rt: Runtime
 
 async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
     seen.spec = spec = parse_spec(seen.body.get("spec") or {})
-    seen.url = await read_secret_url(seen.namespace, spec.secret_name, spec.secret_key)
+    stored = await read_secret_text(seen.namespace, spec.secret_name, spec.secret_key)
+    seen.url = stored.strip()
     seen.url = resource_url(seen.url, spec.schema)  # a mismatch is a BadURL, not an InvalidSpec
     backend = await rt.backends.get(seen.ref, seen.url)
     owner = Owner(seen.namespace, seen.name, str(seen.body.meta.get("uid") or ""))
     dep = await execute.hold(backend, spec, owner, seen.old_status, seen.ref)
     outcome.provisioned = True
     now = dt.datetime.now(dt.UTC)
-    todo = plan(Observation(spec, dep, seen.old_status, seen.generation, now))
+    cat = await _observe_catalog(seen, spec, owner, stored, rt.settings.catalog_image)
+    todo = plan(Observation(spec, dep, seen.old_status, seen.generation, now, cat))
     done = await execute.run(todo, execute.Pass(backend, seen.body, seen.ref, dep))
     outcome.bootstrap, outcome.flip_time = done.bootstrap, done.flip_time
     outcome.status = await read_status(backend, wall_clock_ms)
     outcome.rollout = outcome.status.deployment.rollout
+    outcome.catalog = catalog_outcome(spec, cat, done.catalog_applied, done.catalog_rejected,
+                                      outcome.status.deployment.implementation)
+
+
+async def _observe_catalog(seen: _Reading, spec: OracleSpec, owner: Owner, stored: str,
+                           image: str) -> CatalogObservation | None:
+    """What the plan needs of the catalog; None when there is none to look at (disabled, and
+    none published: resources without a catalog cost no extra request)."""
+    if spec.catalog is None and "catalog" not in seen.old_status:
+        return None
+    found = await read_catalog(seen.namespace, catalog.name_of(owner))
+    problem = None
+    if spec.catalog is not None and spec.catalog.token_secret:
+        problem = await token_problem(seen.namespace, spec.catalog.token_secret,
+                                      spec.catalog.token_key)
+    return CatalogObservation(owner, found, image, catalog.url_suffix(stored, spec.schema),
+                              problem)
 
 
 async def _publish(seen: _Reading, outcome: Outcome, story: logs.Story) -> None:
@@ -248,6 +278,11 @@ async def _publish(seen: _Reading, outcome: Outcome, story: logs.Story) -> None:
         metrics.FAILURES.labels(reason).inc()
         if reason in WARNED_REASONS and before != reason:
             kopf.warn(seen.body, reason=reason, message=outcome.degraded_message)
+    if outcome.catalog is not None and outcome.catalog.condition is not None:
+        said = outcome.catalog.condition
+        if said.reason in WARNED_CATALOG_REASONS \
+                and published_catalog_reason(seen.old_status) != said.reason:
+            kopf.warn(seen.body, reason=said.reason, message=said.message)
     metrics.ROLLOUT.labels(seen.namespace, seen.name).set(1 if outcome.rollout else 0)
     await patch_status(seen.namespace, seen.name, status_patch(
         outcome, seen.spec, seen.old_status, seen.generation, execute.now_text()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import Sequence
@@ -13,12 +14,14 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from tsoracle.operator.catalog import FIELD_MANAGER, Desired, Seen, SeenObject
 from tsoracle.operator.logs import describe_api_error, is_transient
-from tsoracle.resource import GROUP, PLURAL, VERSION, read_secret_url_sync
+from tsoracle.resource import GROUP, PLURAL, VERSION, read_secret_text_sync, read_secret_url_sync
 
 log = logging.getLogger("tsoracle.operator")
 PROBE_BUDGET_S = 30.0  # then kopf starts anyway (and keeps retrying, at WARNING)
 PROBE_EVERY_S = 1.0
+APPLY = "application/apply-patch+yaml"  # server-side apply (JSON is YAML)
 
 
 @cache
@@ -123,6 +126,99 @@ async def wait_until_served(namespaces: Sequence[str],
 async def read_secret_url(namespace: str, name: str, key: str) -> str:
     """The backend URL stored in a Secret. Errors name the Secret and key, never the value."""
     return await asyncio.to_thread(read_secret_url_sync, api_client(), namespace, name, key)
+
+
+async def read_secret_text(namespace: str, name: str, key: str) -> str:
+    """The backend Secret's value as stored (`read_secret_url` strips it)."""
+    return await asyncio.to_thread(read_secret_text_sync, api_client(), namespace, name, key)
+
+
+def _missing(exc: ApiException) -> bool:
+    return exc.status == 404
+
+
+def _read_catalog_sync(namespace: str, name: str) -> Seen:
+    api = api_client()
+    found: list[SeenObject | None] = []
+    for read in (client.AppsV1Api(api).read_namespaced_deployment,
+                 client.CoreV1Api(api).read_namespaced_service):
+        try:
+            found.append(SeenObject.of(api.sanitize_for_serialization(read(name, namespace))))
+        except ApiException as exc:
+            if not _missing(exc):
+                raise
+            found.append(None)
+    return Seen(deployment=found[0], service=found[1])
+
+
+async def read_catalog(namespace: str, name: str) -> Seen:
+    """The catalog's Deployment and Service of that name, as they are."""
+    return await asyncio.to_thread(_read_catalog_sync, namespace, name)
+
+
+def _apply_catalog_sync(want: Desired) -> SeenObject:
+    api = api_client()
+    namespace = want.service["metadata"]["namespace"]
+    name = want.service["metadata"]["name"]
+    # Server-side apply: created when missing, and a field the operator stops setting goes
+    # away; forced, since these objects are the resource's (nobody else's edits stand).
+    client.CoreV1Api(api).patch_namespaced_service(
+        name, namespace, want.service, field_manager=FIELD_MANAGER, force=True,
+        _content_type=APPLY)
+    applied = client.AppsV1Api(api).patch_namespaced_deployment(
+        name, namespace, want.deployment, field_manager=FIELD_MANAGER, force=True,
+        _content_type=APPLY)
+    return SeenObject.of(api.sanitize_for_serialization(applied))
+
+
+async def apply_catalog(want: Desired) -> SeenObject:
+    """Create or update the catalog's Service and Deployment; the Deployment as applied."""
+    return await asyncio.to_thread(_apply_catalog_sync, want)
+
+
+def _delete_catalog_sync(namespace: str, name: str, deployment: bool, service: bool) -> None:
+    api = api_client()
+    deletes = [client.AppsV1Api(api).delete_namespaced_deployment] if deployment else []
+    deletes += [client.CoreV1Api(api).delete_namespaced_service] if service else []
+    for delete in deletes:
+        try:
+            # Background: the Deployment's ReplicaSets and pods follow by garbage collection.
+            delete(name, namespace, propagation_policy="Background")
+        except ApiException as exc:
+            if not _missing(exc):
+                raise
+
+
+async def delete_catalog(namespace: str, name: str, *, deployment: bool, service: bool) -> None:
+    await asyncio.to_thread(_delete_catalog_sync, namespace, name, deployment, service)
+
+
+def _token_problem_sync(namespace: str, name: str, key: str) -> tuple[str, str] | None:
+    try:
+        secret = client.CoreV1Api(api_client()).read_namespaced_secret(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return ("TokenSecretNotFound", f"Secret {namespace}/{name} (spec.catalog."
+                    f"tokenSecretRef) does not exist; create it with the bearer token under "
+                    f"key {key!r}")
+        if exc.status == 403:
+            return ("TokenSecretForbidden", f"the operator may not read Secret "
+                    f"{namespace}/{name} (spec.catalog.tokenSecretRef)")
+        raise
+    value = (secret.data or {}).get(key)
+    if value is None:
+        return ("TokenSecretKeyMissing", f"Secret {namespace}/{name} (spec.catalog."
+                f"tokenSecretRef) has no key {key!r}")
+    if not base64.b64decode(value).strip():
+        return ("TokenSecretEmpty", f"Secret {namespace}/{name} key {key!r} (spec.catalog."
+                "tokenSecretRef) is empty; put the bearer token in it")
+    return None
+
+
+async def token_problem(namespace: str, name: str, key: str) -> tuple[str, str] | None:
+    """Why the catalog's token Secret cannot serve as its --token-file (reason, message), or
+    None. The value is only checked for being there, never kept or told."""
+    return await asyncio.to_thread(_token_problem_sync, namespace, name, key)
 
 
 async def patch_status(namespace: str, name: str, status: dict[str, Any]) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 
 from tsoracle.errors import ConfigError, OracleError, OracleUnavailable
 from tsoracle.fencing import Deployment
-from tsoracle.operator.ownership import OwnershipProblem
+from tsoracle.operator import catalog
+from tsoracle.operator.ownership import Owner, OwnershipProblem
 from tsoracle.operator.redact import redact
 from tsoracle.oracle.status import Status
 from tsoracle.resource import OracleSpec, SecretProblem
@@ -19,13 +20,29 @@ from tsoracle.resource import OracleSpec, SecretProblem
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 CONDITION_TYPES = ("Ready", "Provisioned", "RolloutInProgress", "Degraded")
+# Published after those while spec.catalog is enabled.
+CATALOG_CONDITION = "CatalogReady"
 
 # A new one of these reasons also posts a Warning Event: each needs a person to act.
 WARNED_REASONS = ("BackendChanged", "SchemaInUse", "SecretNotLabelled")
+# The same for CatalogReady's reasons.
+WARNED_CATALOG_REASONS = ("LegacyServesOneReplica", "CatalogNameInUse", "BackendURLNotUsable",
+                          "NoCatalogImage", "InvalidName", "CatalogRejected")
 
 
 def needs_provisioning(found: Deployment | None, has_timelines: bool) -> bool:
     return found is None or not has_timelines
+
+
+@dataclass(frozen=True)
+class CatalogObservation:
+    """What a pass found for the catalog (spec.catalog), and what it needs to build it."""
+
+    owner: Owner
+    seen: catalog.Seen
+    image: str  # what the catalog's pods run; "" when the operator was given none
+    url_suffix: str | None  # catalog.url_suffix of the backend Secret's value
+    token_problem: tuple[str, str] | None = None  # (reason, message) of spec.catalog's token
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,8 @@ class Observation:
     status: Mapping[str, Any]  # as last published
     generation: int  # the resource's metadata.generation
     now: dt.datetime
+    # None: not looked at (spec.catalog disabled, and no catalog published in status).
+    catalog: CatalogObservation | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +87,24 @@ class FinishRollout:
     """The rollout window has passed: only the inactive implementation stays fenced."""
 
 
-Step = SetFencing | Flip | PublishFlip | FinishRollout
+@dataclass(frozen=True)
+class ApplyCatalog:
+    """Create or update the catalog's Deployment and Service (spec.catalog, enabled)."""
+
+    desired: catalog.Desired
+
+
+@dataclass(frozen=True)
+class RemoveCatalog:
+    """Delete the catalog's Deployment and Service of this resource (spec.catalog disabled)."""
+
+    namespace: str
+    name: str
+    deployment: bool
+    service: bool
+
+
+Step = SetFencing | Flip | PublishFlip | FinishRollout | ApplyCatalog | RemoveCatalog
 
 
 @dataclass(frozen=True)
@@ -95,7 +131,51 @@ def plan(obs: Observation) -> Plan:
         steps.append(PublishFlip(published))
     elif dep.rollout and rollout_over(status, spec, obs.now):
         steps.append(FinishRollout())
+    steps += catalog_steps(spec, obs.catalog)
     return Plan(tuple(steps))
+
+
+def catalog_steps(spec: OracleSpec, seen: CatalogObservation | None) -> list[Step]:
+    """Apply the catalog where it differs from the spec; remove it once disabled. Objects of
+    its name that this resource does not control are never touched."""
+    if seen is None:
+        return []
+    found = seen.seen
+    if spec.catalog is None:
+        mine = [o is not None and o.controller_uid == seen.owner.uid
+                for o in (found.deployment, found.service)]
+        return [RemoveCatalog(seen.owner.namespace, catalog.name_of(seen.owner), *mine)] \
+            if any(mine) else []
+    if catalog_blocker(spec, seen) is not None:
+        return []
+    want = catalog.desired(spec, seen.owner, seen.image, seen.url_suffix or "")
+    current = (found.deployment is not None and found.service is not None
+               and found.deployment.digest == found.service.digest == want.digest
+               and found.deployment.replicas == spec.catalog.replicas)
+    return [] if current else [ApplyCatalog(want)]
+
+
+def catalog_blocker(spec: OracleSpec, seen: CatalogObservation) -> tuple[str, str] | None:
+    """Why the catalog cannot be applied at all (reason, message), or None."""
+    owner, name = seen.owner, catalog.name_of(seen.owner)
+    if not catalog.valid_name(owner):
+        return ("InvalidName", f"the catalog's Service would be named {name!r}, which is not a "
+                "Service name (at most 63 characters: lower-case letters, digits and '-', "
+                "starting with a letter); give the TimestampOracle a shorter name")
+    foreign = seen.seen.foreign(owner)
+    if foreign:
+        return ("CatalogNameInUse", f"{foreign} {owner.namespace}/{name} exists and does not "
+                "belong to this TimestampOracle; nothing was changed: delete or rename it")
+    if not seen.image:
+        return ("NoCatalogImage", "the operator does not know the image to run the catalog "
+                "from: set TSORACLE_CATALOG_IMAGE in its environment (the chart sets it to the "
+                "operator's own image)")
+    if seen.url_suffix is None:
+        return ("BackendURLNotUsable", f"the backend Secret's value (spec.backend.urlSecretRef, "
+                f"key {spec.secret_key!r}) ends with a line break or blank, or has a #fragment: "
+                "the catalog's pods read it as stored and cannot add the schema to it; store "
+                "the URL alone (kubectl create secret generic … --from-literal)")
+    return None
 
 
 def still_due(step: Step, dep: Deployment, flipped: bool) -> bool:
@@ -144,6 +224,15 @@ def merge_conditions(old: list[Mapping[str, Any]] | None, new: list[Condition],
     return out
 
 
+@dataclass(frozen=True)
+class CatalogOutcome:
+    """What a pass publishes of the catalog: status.catalog (None: remove it) and the
+    CatalogReady condition (None: none, the catalog is disabled)."""
+
+    status: dict[str, Any] | None
+    condition: Condition | None
+
+
 @dataclass
 class Outcome:
     """What one reconcile pass learned; `status_patch` turns it into the resource's status."""
@@ -155,6 +244,47 @@ class Outcome:
     rollout: bool = False
     bootstrap: dict[str, int] = field(default_factory=dict)
     flip_time: str = ""  # when this pass published a flip (TIME_FORMAT)
+    catalog: CatalogOutcome | None = None  # None: the pass did not get to the catalog
+
+
+def catalog_outcome(spec: OracleSpec, seen: CatalogObservation | None,
+                    applied: catalog.SeenObject | None, rejected: str,
+                    implementation: str) -> CatalogOutcome | None:
+    """status.catalog and CatalogReady after a pass's steps: `applied` is the Deployment as
+    this pass applied it (None: not applied), `rejected` what the API server said when it
+    refused to, `implementation` the one active now."""
+    if seen is None:
+        return None
+    c = spec.catalog
+    if c is None:
+        return CatalogOutcome(None, None)
+    blocker = catalog_blocker(spec, seen)
+    found = applied or (seen.seen.deployment if blocker is None else None)
+    ready = found.ready_replicas if found is not None else 0
+    status = {"url": catalog.service_url(seen.owner), "replicas": c.replicas,
+              "readyReplicas": ready}
+    # On legacy one process leads the timeline at a time: one serving replica is all there is.
+    expected = 1 if implementation == "legacy" else c.replicas
+    legacy_note = (f"spec.catalog.replicas is {c.replicas}, but the legacy implementation "
+                   "serves a timeline to one process at a time: more replicas add no "
+                   "throughput, and one that lost the timeline answers 503 (docs/iceberg.md, "
+                   "Replicas); set spec.catalog.replicas: 1, or spec.implementation: "
+                   "distributed"
+                   if implementation == "legacy" and c.replicas > 1 else "")
+    if blocker is not None:
+        reason, message = blocker
+    elif rejected:
+        reason, message = "CatalogRejected", f"the API server refused the catalog: {rejected}"
+    elif seen.token_problem is not None:
+        reason, message = seen.token_problem
+    elif ready >= expected:
+        return CatalogOutcome(status, Condition(
+            CATALOG_CONDITION, "True", "LegacyServesOneReplica" if legacy_note else "Serving",
+            legacy_note or f"{ready} of {c.replicas} replicas ready"))
+    else:
+        reason = "ReplicasNotReady"
+        message = "; ".join(filter(None, [f"{ready} of {expected} replicas ready", legacy_note]))
+    return CatalogOutcome(status, Condition(CATALOG_CONDITION, "False", reason, message))
 
 
 def degraded(exc: OracleError, url: str | None) -> tuple[str, str]:
@@ -201,11 +331,14 @@ def status_patch(outcome: Outcome, spec: OracleSpec | None, old_status: Mapping[
         patch["bootstrapTimestamp"] = {k: str(v) for k, v in sorted(outcome.bootstrap.items())}
     if outcome.flip_time:
         patch["lastFlipTime"] = outcome.flip_time
+    if outcome.catalog is not None:
+        patch["catalog"] = outcome.catalog.status  # None removes it (a merge patch)
     return patch
 
 
 def conditions(o: Outcome, spec: OracleSpec | None) -> list[Condition]:
-    """The CONDITION_TYPES an outcome publishes, in that order."""
+    """The CONDITION_TYPES an outcome publishes, in that order, then CatalogReady while
+    spec.catalog is enabled."""
     st = o.status
     ready = (o.provisioned and not o.degraded_reason and st is not None and spec is not None
              and st.deployment.implementation == spec.implementation)
@@ -222,4 +355,23 @@ def conditions(o: Outcome, spec: OracleSpec | None) -> list[Condition]:
                   if o.rollout else ""),
         Condition("Degraded", "True" if o.degraded_reason else "False",
                   o.degraded_reason or "Healthy", o.degraded_message),
-    ]
+    ] + _catalog_condition(o, spec)
+
+
+def _catalog_condition(o: Outcome, spec: OracleSpec | None) -> list[Condition]:
+    if o.catalog is not None:
+        return [o.catalog.condition] if o.catalog.condition is not None else []
+    if spec is None or spec.catalog is None:
+        return []
+    # The pass stopped before the catalog (the oracle is degraded): it was left as it was.
+    return [Condition(CATALOG_CONDITION, "Unknown", o.degraded_reason or "Progressing",
+                      "the catalog is reconciled once the oracle is (see Degraded)"
+                      if o.degraded_reason else "reconciling")]
+
+
+def published_catalog_reason(status: Mapping[str, Any]) -> str:
+    """The CatalogReady reason `status` carries; "" when it has none."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == CATALOG_CONDITION:
+            return str(c.get("reason") or "")
+    return ""

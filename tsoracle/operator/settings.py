@@ -13,6 +13,8 @@ LEASE_OWNER_ENV = "TSORACLE_LEASE_OWNER"  # the operator's Deployment (set by th
 # For `kopf run -m tsoracle.operator`: kopf does not hand its --namespace to start-up handlers,
 # and the start-up probe needs them (comma-separated; empty: cluster-wide).
 WATCH_NAMESPACES_ENV = "TSORACLE_WATCH_NAMESPACES"
+# The image the catalog's pods run (spec.catalog): the chart sets it to the operator's own.
+CATALOG_IMAGE_ENV = "TSORACLE_CATALOG_IMAGE"
 DEFAULT_LEASE_NAME = "tsoracle-operator"
 
 
@@ -24,6 +26,7 @@ class OperatorSettings:
     lease_owner: str | None = None  # the Deployment the Lease names as its owner
     retry_s: float = 5.0  # the next pass after a degraded one, or a failed API call
     pool_size: int = 4  # connections per database, shared by every resource that uses it
+    catalog_image: str = ""  # what spec.catalog's pods run; "": catalogs cannot be run
 
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> OperatorSettings:
@@ -33,6 +36,7 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> OperatorSetting
         lease_namespace=environ.get(LEASE_NAMESPACE_ENV) or None,
         lease_name=environ.get(LEASE_NAME_ENV) or DEFAULT_LEASE_NAME,
         lease_owner=environ.get(LEASE_OWNER_ENV) or None,
+        catalog_image=environ.get(CATALOG_IMAGE_ENV, "").strip(),
     )
 
 

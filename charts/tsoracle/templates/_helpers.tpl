@@ -45,4 +45,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# spec.catalog: the catalog's Deployment and Service (server-side apply creates, patches;
+# removed when disabled). Read one by one, never listed or watched.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, create, patch, delete]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, create, patch, delete]
 {{- end -}}

@@ -23,7 +23,13 @@ from grafanalib.core import Dashboard, GridPos, Target, Templating, TimeSeries
 
 from tsoracle_dev import CHECKOUT
 from tsoracle_dev.dashboards.grafana_model import SCHEMA_VERSION, problems
-from tsoracle_dev.dashboards.panels import ALERTS, OPERATOR_PANELS, ORACLE_PANELS, P
+from tsoracle_dev.dashboards.panels import (
+    ALERTS,
+    CATALOG_PANELS,
+    OPERATOR_PANELS,
+    ORACLE_PANELS,
+    P,
+)
 
 CHART = CHECKOUT / "charts" / "tsoracle"
 RUNBOOKS = "docs/runbooks"
@@ -108,6 +114,8 @@ def outputs() -> dict[Path, str]:
             dashboard("tsoracle: oracle", "tsoracle-oracle", ORACLE_PANELS),
         CHART / "dashboards" / "tsoracle-operator.json":
             dashboard("tsoracle: operator", "tsoracle-operator", OPERATOR_PANELS),
+        CHART / "dashboards" / "tsoracle-catalog.json":
+            dashboard("tsoracle: catalog", "tsoracle-catalog", CATALOG_PANELS),
         CHART / "files" / "alerts.rules.yaml": rules(),
     }
 

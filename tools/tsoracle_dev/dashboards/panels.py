@@ -79,6 +79,32 @@ OPERATOR_PANELS = [
       "resources", "resources"),
 ]
 
+# The catalog's commit routes (`route` is the path template): a table's commits and
+# multi-table transactions. The table's route also answers loads (GET), so its latency mixes
+# both until the catalog's histogram has a method label.
+COMMIT_ROUTES = (r'route=~"/v1/namespaces/\\{namespace\\}/tables/\\{table\\}'
+                 r'|/v1/transactions/commit"')
+RC = "{{route}}"
+
+CATALOG_PANELS = [
+    P("Catalog commits/s", f"sum(rate(tsoracle_catalog_commits_total{R}))", "ops", "commits",
+      "commits per second"),
+    P("Commit latency p50",
+      "histogram_quantile(0.5, sum by (le, route) "
+      f"(rate(tsoracle_catalog_request_seconds_bucket{{{COMMIT_ROUTES}}}{R})))", "s", RC),
+    P("Commit latency p99",
+      "histogram_quantile(0.99, sum by (le, route) "
+      f"(rate(tsoracle_catalog_request_seconds_bucket{{{COMMIT_ROUTES}}}{R})))", "s", RC),
+    P("Commit conflicts/s (retried at a fresh timestamp)",
+      f"sum by (kind) (rate(tsoracle_catalog_conflicts_total{R}))", "ops", "{{kind}}"),
+    P("Commit retries/s", f"sum(rate(tsoracle_catalog_commit_retries_total{R}))", "ops",
+      "retries", "retries per second"),
+    P("Failed requests/s by status",
+      "sum by (route, status) "
+      f"(rate(tsoracle_catalog_request_seconds_count{{status!~\"2..\"}}{R}))", "ops",
+      "{{status}} {{route}}"),
+]
+
 # (name, expr, for, severity, summary, runbook); ALERT_SIGNALS lists, per alert, the series its
 # expression is built on: they must return data even while the alert does not fire.
 ALERTS = [

@@ -124,6 +124,9 @@ class ImageSpec:
     files: tuple[tuple[str, str], ...] = ()
     # The image's environment besides PATH.
     env: tuple[tuple[str, str], ...] = ()
+    # (path in the image, Maven coordinate group:artifact:version) of jars the app layer adds,
+    # fetched on the build host (pods may reach no repository).
+    maven: tuple[tuple[str, str], ...] = ()
 
     @property
     def reference(self) -> str:
@@ -153,7 +156,8 @@ def load_recipes(path: Path = RECIPES) -> dict[str, ImageSpec]:
             venv=table["venv"], user=table["user"], uid=int(table["uid"]), gid=int(table["gid"]),
             entrypoint=tuple(table["entrypoint"]), cmd=tuple(table["cmd"]),
             files=tuple(sorted(table.get("files", {}).items())),
-            env=tuple(table.get("env", {}).items()))
+            env=tuple(table.get("env", {}).items()),
+            maven=tuple(sorted(table.get("maven", {}).items())))
     return specs
 
 
@@ -480,8 +484,9 @@ def build_app_layer(spec: ImageSpec, base: Layer) -> Layer:
     # The added files count only when there are some (the operator's key predates them).
     added = [(dest, hashlib.sha256((CHECKOUT / src).read_bytes()).hexdigest())
              for dest, src in spec.files]
+    # Jars count only when there are some, too; a release of a coordinate never changes.
     key = _key(APP_FORMAT, base.digest, spec.extras, spec.venv, spec.user, spec.uid, spec.gid,
-               sources, *([added] if added else []))
+               sources, *([added] if added else []), *([spec.maven] if spec.maven else []))
     layers = cache_dir() / "layers"
     out = layers / f"{spec.name}-app-{key}.tar.gz"
     if layer := _cached_layer(out):
@@ -619,16 +624,43 @@ def _build_app(spec: ImageSpec, base: Layer, files: list[Path], work: Path, out:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(CHECKOUT / src, target)
         os.chmod(target, 0o755)
+    for dest, coordinate in spec.maven:
+        target = rootfs / dest.strip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(maven_jar(coordinate), target)
+        os.chmod(target, 0o644)
     venv = spec.venv.strip("/")
     members = [("etc", False), ("etc/group", False), ("etc/passwd", False),
                *[(p, False) for p in _parents(venv)], (venv, True)]
-    for dest, _ in spec.files:
+    for dest, _ in [*spec.files, *spec.maven]:
         members += [(p, False) for p in _parents(dest.strip("/"))] + [(dest.strip("/"), False)]
     created_by = (f"python3 -m venv {spec.venv} && pip install {spec.requirement}; "
                   f"user {spec.user} {spec.uid}:{spec.gid}")
     if spec.files:
         created_by += "; " + ", ".join(f"{dest} from {src}" for dest, src in spec.files)
+    if spec.maven:
+        created_by += "; " + ", ".join(f"{dest} from {c}" for dest, c in spec.maven)
     return write_layer(rootfs, list(dict.fromkeys(members)), out, created_by)
+
+
+def maven_jar(coordinate: str) -> Path:
+    """The jar of `coordinate` (group:artifact:version) from Maven Central, through mvn's own
+    configuration, cached here: built images carry it, so no pod fetches anything."""
+    group, artifact, version = coordinate.split(":")
+    out = cache_dir() / "maven" / f"{artifact}-{version}.jar"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        proc = subprocess.run(["mvn", "-q", "-B", "dependency:copy",
+                               f"-Dartifact={group}:{artifact}:{version}:jar",
+                               f"-DoutputDirectory={tmp}"], capture_output=True, text=True)
+        jar = Path(tmp) / f"{artifact}-{version}.jar"
+        if proc.returncode != 0 or not jar.is_file():
+            raise RuntimeError(f"mvn could not fetch {coordinate}:\n{proc.stdout[-2000:]}"
+                               f"{proc.stderr[-2000:]}")
+        os.replace(jar, out)
+    return out
 
 
 def _parents(rel: str) -> list[str]:

@@ -83,6 +83,9 @@ case "${1:-}" in
 driver)
     shift
     require driver SPARK_DRIVER_BIND_ADDRESS
+    # Spark fetches the application's jars and files into the working directory (an
+    # executor's ./<jar>): the image's / is not writable by its user.
+    cd "$HOME"
     # spark-submit's own JVM is the driver (client deploy mode), so its options go there.
     export SPARK_SUBMIT_OPTS="-Duser.home=$HOME${SPARK_SUBMIT_OPTS:+ $SPARK_SUBMIT_OPTS}"
     run "$SPARK_HOME/bin/spark-submit" \
@@ -93,6 +96,7 @@ driver)
 executor)
     shift
     require executor "${EXECUTOR_ENV[@]}"
+    cd "$HOME"
     # The mounted configuration (log4j2 properties and the like) ahead of the jars.
     classpath=
     for dir in "${SPARK_CONF_DIR:-}" "${HADOOP_CONF_DIR:-}" "${SPARK_CLASSPATH:-}"; do

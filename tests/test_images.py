@@ -558,7 +558,9 @@ def test_the_spark_archive_config_and_layers(spark_archive):
     assert config["Env"] == [
         f"PATH={images.SPARK.path_env}",
         "SPARK_HOME=/opt/tsoracle/lib/python3.11/site-packages/pyspark",
-        "PYSPARK_PYTHON=/opt/tsoracle/bin/python", "HOME=/tmp"]
+        "PYSPARK_PYTHON=/opt/tsoracle/bin/python", "HOME=/tmp",
+        "TSORACLE_ICEBERG_JAR=/opt/tsoracle/lib/python3.11/site-packages/pyspark/jars/"
+        "iceberg-spark-runtime-4.1_2.13-1.12.0.jar"]
     base, app = (_members(blob[layer["digest"][7:]]) for layer in manifest["layers"])
     entrypoint = {m.name: m for m in app}["opt/tsoracle-spark/entrypoint.sh"]
     assert entrypoint.mode == 0o755 and entrypoint.uid == 0

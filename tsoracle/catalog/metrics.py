@@ -19,3 +19,8 @@ REQUESTS = Histogram("tsoracle_catalog_request_seconds",
 GROUP_SIZE = Histogram("tsoracle_catalog_group_commits",
                        "Commits landed together in one transaction at one timestamp",
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+
+# Every kind exported from the start (at 0): a rate over a series that does not exist yet is no
+# data, not zero, and dashboards and alerts would read it as a scrape that failed.
+for _kind in ("moved", "superseded"):
+    CONFLICTS.labels(_kind)

@@ -207,9 +207,7 @@ class _Api:
                 ns, _parse(CreateTableRequest, body, "create-table request"))
             return _loaded(created)
         names = await self.catalog.list_tables(ns)
-        page, token = _page(request, names, lambda n: n)
-        return JSONResponse({"identifiers": [{"namespace": list(ns), "name": n} for n in page],
-                             **token})
+        return _identifiers(request, ns, names)
 
     async def table(self, request: Request) -> Response:
         ns, name = _ns(request), check_name(_param(request, "table"))
@@ -266,9 +264,7 @@ class _Api:
             body = await self._json(request)
             return _view(*await self.catalog.create_view(ns, body))
         names = await self.catalog.list_views(ns)
-        page, token = _page(request, names, lambda n: n)
-        return JSONResponse({"identifiers": [{"namespace": list(ns), "name": n} for n in page],
-                             **token})
+        return _identifiers(request, ns, names)
 
     async def view(self, request: Request) -> Response:
         ns, name = _ns(request), check_name(_param(request, "view"))
@@ -400,6 +396,13 @@ def _loaded(loaded: Loaded) -> Response:
 def _view(location: str, metadata: Any) -> Response:
     return JSONResponse({"metadata-location": location,
                          "metadata": json.loads(metadata.model_dump_json()), "config": {}})
+
+
+def _identifiers(request: Request, ns: tuple[str, ...], names: list[str]) -> Response:
+    """A page of a namespace's tables or views, as the spec lists them."""
+    page, token = _page(request, names, lambda n: n)
+    return JSONResponse({"identifiers": [{"namespace": list(ns), "name": n} for n in page],
+                         **token})
 
 
 def _page(request: Request, items: list[Any], key: Callable[[Any], str]

@@ -45,7 +45,6 @@ class Plan(Generic[R]):
     drops: list[state.Pointer] = field(default_factory=list)
     renames: list[tuple[state.Pointer, state.Namespace, str]] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
-    extra: Callable[[Tx], Awaitable[None]] | None = None  # e.g. a namespace's properties
 
     def keys(self) -> set[tuple[Any, ...]]:
         """The names this plan changes: two plans that share one cannot land together."""
@@ -165,7 +164,7 @@ class Ordering:
             first = next((members[i][1] for i, ok in outcome.items() if ok), None)
             if first is not None and await _landed(tx, first):
                 return dict(outcome)  # ran before and its COMMIT landed; the reply was lost
-            await state.claim(tx, self.backend, self.timeline, ts)
+            await state.claim(tx, self.timeline, ts)
             result: dict[int, bool] = {}
             for i, (_, plan) in enumerate(members):
                 await tx.fetch("SAVEPOINT tsoracle_plan")
@@ -237,8 +236,6 @@ async def _apply(tx: Tx, plan: Plan[Any]) -> None:
         await state.remove(tx, gone.namespace, gone.name, gone.kind, gone.metadata_location)
     for source, ns, name in plan.renames:
         await state.rename(tx, source, ns, name)
-    if plan.extra is not None:
-        await plan.extra(tx)
 
 
 class _NothingLanded(Exception):

@@ -182,20 +182,18 @@ async def rename(tx: Tx, source: Pointer, ns: Namespace, name: str) -> None:
 
 # --- the upper --------------------------------------------------------------------------------
 
-async def raise_upper(backend: Backend, timeline: str, ts: int) -> bool:
+async def raise_upper(db: Backend | Tx, timeline: str, ts: int) -> bool:
     """Move the upper to `ts` if it is below; False if it was at or above `ts` already."""
-    rows = await backend.fetch(
+    rows = await db.fetch(
         "UPDATE {iceberg_uppers} SET upper = %(ts)s::numeric WHERE timeline = %(t)s"
-        " AND upper < %(ts)s::numeric RETURNING upper", {"t": timeline, "ts": backend.enc(ts)})
+        " AND upper < %(ts)s::numeric RETURNING upper",
+        {"t": timeline, "ts": db.dialect.encode_ts(ts)})
     return bool(rows)
 
 
-async def claim(tx: Tx, backend: Backend, timeline: str, ts: int) -> None:
+async def claim(tx: Tx, timeline: str, ts: int) -> None:
     """Take `ts` as this transaction's commit timestamp, or raise `Superseded`."""
-    rows = await tx.fetch(
-        "UPDATE {iceberg_uppers} SET upper = %(ts)s::numeric WHERE timeline = %(t)s"
-        " AND upper < %(ts)s::numeric RETURNING upper", {"t": timeline, "ts": backend.enc(ts)})
-    if not rows:
+    if not await raise_upper(tx, timeline, ts):
         raise Superseded(f"the catalog's upper on {timeline!r} is at or above {ts}")
 
 

@@ -195,6 +195,25 @@ def test_bad_input_gets_the_specs_errors_and_writes_nothing(served, catalog, tmp
          {"name": "r", "metadata-location": str(tmp_path / "x.metadata.json")}, None,
          400, "BadRequestException"),
         ("GET", "/v1/no/such/route", None, None, 404, "NotFoundException"),
+        # Found by an attack on the catalog; each was a 200 that wrote outside the warehouse,
+        # or a 500, before the fix.
+        ("POST", "/v1/namespaces/db/tables",
+         {"name": "../../escaped", "schema": {"type": "struct", "schema-id": 0, "fields": []}},
+         None, 400, "BadRequestException"),
+        ("POST", "/v1/namespaces/db/tables",
+         {"name": "meta", "schema": {"type": "struct", "schema-id": 0, "fields": []},
+          "properties": {"write.metadata.path": str(tmp_path / "outside-meta")}},
+         None, 400, "BadRequestException"),
+        ("POST", "/v1/namespaces/db/tables/t",
+         {"updates": [{"action": "set-properties",
+                       "updates": {"write.data.path": str(tmp_path / "outside-data")}}]},
+         None, 400, "BadRequestException"),
+        ("POST", "/v1/namespaces/db/tables/t",
+         {"updates": [{"action": "set-properties", "updates": [1]}]}, None,
+         400, "BadRequestException"),
+        ("POST", "/v1/namespaces", None, b'{"namespace": ["\\ud800"]}', 400,
+         "BadRequestException"),
+        ("GET", "/v1/namespaces?pageSize=%C2%B2", None, None, 400, "BadRequestException"),
     ]
     for method, path, body, raw, status, kind in cases:
         got, answer = call(method, base + path, body, raw=raw)
@@ -205,6 +224,8 @@ def test_bad_input_gets_the_specs_errors_and_writes_nothing(served, catalog, tmp
     assert catalog.list_tables("db") == [("db", "t")]
     assert catalog.load_table("db.t").properties == {}
     assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "escape").exists()
+    assert not any((tmp_path / d).exists() for d in ("escaped", "outside-meta", "outside-data"))
+    assert not (Path(config.warehouse).parent / "escaped").exists()
 
 
 def _declared_too_large(base: str) -> int:
@@ -401,3 +422,28 @@ def test_on_legacy_one_replica_leads_and_the_other_waits_for_a_flip(url, tmp_pat
 
 def catalog_props(base: str) -> dict[str, str]:
     return dict(RestCatalog("p", uri=base).load_table("db.t").properties)
+
+
+def test_registering_over_a_view_or_with_a_location_outside_is_refused(served, catalog):
+    # Before: over a view, 8 lost "races" then a 409 CommitFailed; a planted metadata file
+    # whose table location is outside the warehouse registered with a 200.
+    running, config = served
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.t", schema=SCHEMA)
+    view = {"name": "v", "schema": {"type": "struct", "schema-id": 0, "fields": []},
+            "view-version": {"version-id": 1, "schema-id": 0, "timestamp-ms": 1,
+                             "summary": {}, "default-namespace": ["db"],
+                             "representations": [{"type": "sql", "sql": "select 1",
+                                                  "dialect": "spark"}]}}
+    assert call("POST", f"{running.url}/v1/namespaces/db/views", view)[0] == 200
+    status, body = call("POST", f"{running.url}/v1/namespaces/db/register",
+                        {"name": "v", "metadata-location": table.metadata_location,
+                         "overwrite": True})
+    assert status == 409 and body["error"]["type"] == "AlreadyExistsException", body
+    planted = Path(config.warehouse) / "db" / "planted.metadata.json"
+    data = json.loads(Path(table.metadata_location.removeprefix("file://")).read_text())
+    planted.write_text(json.dumps({**data, "location": "file:///etc/elsewhere"}))
+    status, body = call("POST", f"{running.url}/v1/namespaces/db/register",
+                        {"name": "r", "metadata-location": str(planted)})
+    assert status == 400 and "outside" in body["error"]["message"], body
+    assert catalog.list_tables("db") == [("db", "t")]

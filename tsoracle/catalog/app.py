@@ -380,6 +380,8 @@ def _parse(model: Any, body: dict[str, Any], what: str) -> Any:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
         raise BadRequest(f"invalid {what}: {where}: {first.get('msg')}") from None
+    except (ValueError, TypeError, AttributeError) as exc:  # pyiceberg's own validators
+        raise BadRequest(f"invalid {what}: {exc}") from None
 
 
 def _metadata(loaded: Loaded) -> Any:
@@ -413,7 +415,7 @@ def _page(request: Request, items: list[Any], key: Callable[[Any], str]
         items = [i for i in items if key(i) > after]
     if not size_text:
         return items, {}
-    if not size_text.isdigit() or int(size_text) < 1:
+    if not (size_text.isascii() and size_text.isdigit()) or int(size_text) < 1:
         raise BadRequest("`pageSize` must be a positive integer")
     size = int(size_text)
     page = items[:size]

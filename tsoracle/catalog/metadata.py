@@ -39,7 +39,11 @@ from pyiceberg.types import NestedField, StructType
 
 from tsoracle.catalog.errors import BadRequest, CommitFailed
 
-CACHED_METADATA = 256  # metadata files are immutable: a small cache saves a read per commit
+# Metadata files are immutable: a small cache saves a read per commit.
+CACHED_METADATA = 256
+# Table and view properties that name where files are written (Iceberg's TableProperties).
+PATH_PROPERTIES = ("write.metadata.path", "write.data.path", "write.object-storage.path",
+                   "write.folder-storage.path")
 
 
 class Warehouse:
@@ -65,7 +69,16 @@ class Warehouse:
         base = namespace_properties.get("location")
         if base:
             return self.inside(f"{base.rstrip('/')}/{name}")
-        return f"{self.uri}/{'/'.join(namespace)}/{name}"
+        # Through inside() too: a name such as ".." must not climb out of the warehouse.
+        return self.inside(f"{self.uri}/{'/'.join(namespace)}/{name}")
+
+    def check_paths(self, location: str, properties: dict[str, str]) -> None:
+        """Everything a table or view writes lies under the warehouse: its location and the
+        folders its properties may point metadata and data files to."""
+        self.inside(location)
+        for key in PATH_PROPERTIES:
+            if properties.get(key):
+                self.inside(properties[key])
 
     def inside(self, location: str) -> str:
         """`location` as given, if it is within the warehouse (once normalised); BadRequest
@@ -230,7 +243,7 @@ def apply(base: TableMetadata | None, base_location: str | None,
         # Updates that do not apply to the table as it is now: refused as a conflict, so that
         # an engine refreshes the table and builds its change again.
         raise CommitFailed(f"the table's updates cannot be applied: {exc}") from None
-    warehouse.inside(new.location)
+    warehouse.check_paths(new.location, new.properties)
     if to_v3:
         new = TableMetadataUtil.parse_obj({**json.loads(to_json(new)), "format-version": 3,
                                            "next-row-id": 0})

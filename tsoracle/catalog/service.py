@@ -27,7 +27,6 @@ from tsoracle.catalog.errors import (
     no_view,
     not_empty,
     rename_taken,
-    table_taken,
 )
 from tsoracle.catalog.ordering import Ordering, Plan
 from tsoracle.catalog.state import Namespace
@@ -58,14 +57,23 @@ class Change:
 _RESERVED = ("\x00", state.SEP, "\x1e")  # NUL, and the separators of levels and encoded slashes
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # a lone surrogate, which no database column can hold
+        return False
+
+
 def check_namespace(ns: Sequence[str]) -> Namespace:
-    if not ns or any(not level or any(c in level for c in _RESERVED) for level in ns):
+    if not ns or any(not level or any(c in level for c in _RESERVED) or not _encodable(level)
+                     for level in ns):
         raise BadRequest(f"invalid namespace {list(ns)!r}: give one or more non-empty levels")
     return tuple(ns)
 
 
 def check_name(name: str) -> str:
-    if not name or any(c in name for c in _RESERVED):
+    if not name or any(c in name for c in _RESERVED) or not _encodable(name):
         raise BadRequest(f"invalid table name {name!r}: give a non-empty name")
     return name
 
@@ -146,6 +154,8 @@ class Catalog:
         props = await self.load_namespace(ns)
         location = (self.warehouse.inside(request.location) if request.location
                     else self.warehouse.table_location(ns, name, props))
+
+        self.warehouse.check_paths(location, request.properties)
 
         def fresh(ts: int) -> TableMetadata:
             return metadata.create(request.table_schema, request.partition_spec,
@@ -247,12 +257,13 @@ class Catalog:
         except Exception:
             raise BadRequest(f"no readable table metadata at {request.metadata_location!r}") \
                 from None
+        self.warehouse.check_paths(registered.location, registered.properties)
 
         async def build(ts: int, attempt: int) -> Plan[Loaded]:
             await self.load_namespace(ns)
             found = await state.pointer(self.backend, ns, name)
-            if found is not None and not request.overwrite:
-                raise table_taken((*ns, name))
+            if found is not None and (found.kind != TABLE or not request.overwrite):
+                raise name_taken((*ns, name), found.kind, TABLE)
             expected = found.metadata_location if found else None
             return Plan(Loaded(location, registered),
                         swaps=[state.Swap(ns, name, expected, location)])
@@ -284,6 +295,7 @@ class Catalog:
         async def build(ts: int, attempt: int) -> Plan[tuple[str, ViewMetadata]]:
             await self._free(ns, name, VIEW)
             new = views.create(request, location, ts)
+            self.warehouse.check_paths(new.location, new.properties)
             target = self._view_file(new, 0)
             await self._write_view(new, target)
             return Plan((target, new), swaps=[state.Swap(ns, name, None, target, VIEW)],
@@ -298,7 +310,7 @@ class Catalog:
             base = await self._read_view(found.metadata_location)
             views.check(requirements, base)
             new = views.apply(base, updates, ts)
-            self.warehouse.inside(new.location)
+            self.warehouse.check_paths(new.location, new.properties)
             version = MetastoreCatalog._parse_metadata_version(found.metadata_location) + 1
             target = self._view_file(new, version)
             await self._write_view(new, target)

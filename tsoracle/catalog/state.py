@@ -145,6 +145,7 @@ async def swap(tx: Tx, moves: Sequence[Swap]) -> None:
         params = {"n": ns_key(m.namespace), "t": m.name, "e": m.expected, "l": m.new,
                   "k": m.kind}
         if m.expected is None:
+            await _hold_namespace(tx, m.namespace, m.name)
             rows = await tx.fetch(
                 "INSERT INTO {iceberg_objects} (namespace, name, kind, metadata_location)"
                 " VALUES (%(n)s, %(t)s, %(k)s, %(l)s) ON CONFLICT (namespace, name) DO NOTHING"
@@ -159,6 +160,16 @@ async def swap(tx: Tx, moves: Sequence[Swap]) -> None:
             raise Moved(m.namespace, m.name, found.metadata_location if found else None)
 
 
+async def _hold_namespace(tx: Tx, ns: Namespace, name: str) -> None:
+    """Lock the namespace a name is added to, or raise `Moved` (it was dropped meanwhile): a
+    namespace's drop locks the same row before it counts what is in it, so the two never pass
+    each other (a table left in a dropped namespace)."""
+    rows = await tx.fetch("SELECT 1 FROM {iceberg_namespaces} WHERE namespace = %(n)s"
+                          " FOR UPDATE", {"n": ns_key(ns)})
+    if not rows:
+        raise Moved(ns, name, None)
+
+
 async def remove(tx: Tx, ns: Namespace, name: str, kind: str, expected: str) -> None:
     rows = await tx.fetch("DELETE FROM {iceberg_objects} WHERE namespace = %(n)s"
                           " AND name = %(t)s AND kind = %(k)s AND metadata_location = %(e)s"
@@ -170,6 +181,7 @@ async def remove(tx: Tx, ns: Namespace, name: str, kind: str, expected: str) -> 
 
 
 async def rename(tx: Tx, source: Pointer, ns: Namespace, name: str) -> None:
+    await _hold_namespace(tx, ns, name)
     rows = await tx.fetch(
         "UPDATE {iceberg_objects} SET namespace = %(n2)s, name = %(t2)s WHERE namespace = %(n)s"
         " AND name = %(t)s AND metadata_location = %(e)s RETURNING name",

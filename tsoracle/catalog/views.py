@@ -191,6 +191,8 @@ def create(request: dict[str, Any], location: str, ts: int) -> ViewMetadata:
         return builder.build()
     except ValidationError as exc:
         raise BadRequest(f"invalid view: {_first(exc)}") from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise BadRequest(f"invalid view: {exc}") from None
 
 
 def apply(base: ViewMetadata, updates: Sequence[dict[str, Any]], ts: int) -> ViewMetadata:
@@ -201,6 +203,8 @@ def apply(base: ViewMetadata, updates: Sequence[dict[str, Any]], ts: int) -> Vie
         return builder.build()
     except ValidationError as exc:
         raise BadRequest(f"invalid view update: {_first(exc)}") from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise BadRequest(f"invalid view update: {exc}") from None
 
 
 def _first(exc: ValidationError) -> str:

@@ -38,6 +38,7 @@ class Recorder:
         self.name = name
         self.ops: list[Op] = []
         self.errors = 0
+        self.error_messages: list[str] = []  # the first few, for a failing test to show
         self.gave_up = 0  # calls that stayed fenced through every reopening
         self.oracle = ReopeningOracle(
             lambda: tsoracle.open_oracle(url, timeline=timeline, implementation=implementation),
@@ -73,8 +74,10 @@ class Recorder:
             except tsoracle.Fenced:
                 self.gave_up += 1  # the implementation asked for is not active: wait for it
                 await asyncio.sleep(0.01)
-            except tsoracle.OracleUnavailable:
+            except tsoracle.OracleUnavailable as exc:
                 self.errors += 1
+                if len(self.error_messages) < 5:
+                    self.error_messages.append(f"{type(exc).__name__}: {exc}")
 
     async def run(self, concurrency: int, *, min_ops: int | None = None,
                   stop: Callable[[], bool] | None = None, cap: float = CAP_S) -> None:

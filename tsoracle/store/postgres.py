@@ -32,6 +32,14 @@ CONNECT_TIMEOUT_S = 5.0  # unless the URL sets connect_timeout
 LOCK_WAIT_MS = 200
 # Seconds of network silence after which a connection counts as lost (see _network_options).
 NETWORK_TIMEOUT_S = 10
+# psycopg_pool doubles the delay between reconnect attempts without a cap (1, 2, 4, 8, 16 s
+# ...), so a server back after an outage, or a run of failed attempts under lost replies,
+# could leave every caller waiting many seconds more. Ending each chain of attempts after
+# RECONNECT_S, and having waiting callers ask again every POOL_WAIT_S (each ask starts a new
+# chain at once), keeps the gap between attempts near a second or two. The caller's retry
+# budget still bounds the whole wait.
+RECONNECT_S = 2.0
+POOL_WAIT_S = 2.0
 # Seconds a transaction may sit idle before the server ends its session (see _configure).
 IDLE_IN_TRANSACTION_S = NETWORK_TIMEOUT_S
 
@@ -212,7 +220,8 @@ class PostgresBackend(Backend):
             max_size=self.pool_size,
             kwargs={"autocommit": True, "prepare_threshold": 0, **self._network_options()},
             configure=self._configure,
-            timeout=self.retry.timeout,
+            timeout=min(self.retry.timeout, POOL_WAIT_S),
+            reconnect_timeout=RECONNECT_S,
             open=False,
             name="tsoracle",
         )

@@ -53,22 +53,27 @@ def test_steps_run_in_order_and_skip_what_earlier_ones_made_moot(sqlite_url, eve
             await execute.hold(backend, SPEC, OWNER, {}, REF)
             # A published flip is the pass's news: the end of the rollout waits.
             done = await run(backend, SetFencing("Rollout", 2), Flip("legacy", 2),
-                             FinishRollout())
+                             FinishRollout(2, 1))
             assert done.flipped and done.flip_time and done.bootstrap
             dep = await read_deployment(backend)
             assert (dep.implementation, dep.epoch, dep.fence, dep.rollout) == \
                 ("legacy", 2, "Rollout", True)
-            # A change asked for by an older generation is refused: the rollout goes on, and
-            # is then finished.
-            done = await run(backend, SetFencing("Always", 1), FinishRollout())
-            assert not done.flipped and done.dep.fence == "Rollout"
+            # A change asked for by an older generation is refused, and the stale pass does
+            # nothing more: the rollout goes on.
+            done = await run(backend, SetFencing("Always", 1), FinishRollout(1, 2))
+            assert done.stale and not done.flipped and done.dep.fence == "Rollout"
+            assert (await read_deployment(backend)).rollout
+            # A pass that timed the window of an earlier epoch's flip does not end this one's.
+            done = await run(backend, FinishRollout(2, 1))
+            assert not done.stale and (await read_deployment(backend)).rollout
+            done = await run(backend, FinishRollout(2, 2))
             assert not (await read_deployment(backend)).rollout
             # A flip committed by a pass that never published it.
             done = await run(backend, PublishFlip(1))
             assert done.flipped and (await read_deployment(backend)).epoch == 2
             # Leaving the Rollout mode ends a rollout by itself: nothing left to finish.
             await run(backend, SetFencing("Rollout", 3), Flip("distributed", 3))
-            done = await run(backend, SetFencing("Always", 3), FinishRollout())
+            done = await run(backend, SetFencing("Always", 3), FinishRollout(3, 3))
             assert (done.dep.fence, done.dep.rollout) == ("Always", False)
 
     asyncio.run(go())
@@ -79,4 +84,6 @@ def test_steps_run_in_order_and_skip_what_earlier_ones_made_moot(sqlite_url, eve
     ]
     said = [r.getMessage() for r in caplog.records]
     assert sum("rollout window over" in line for line in said) == 1
-    assert any("fencing Always asked for by generation 1" in line for line in said), said
+    assert any("fencing Always not applied: this pass read generation 1, and the backend "
+               "already applied generation 2" in line for line in said), said
+    assert any("rollout window of epoch 1 not ended" in line for line in said), said

@@ -18,6 +18,7 @@ from tsoracle.operator.model import (
     Outcome,
     Plan,
     PublishFlip,
+    RecordGeneration,
     SetFencing,
     degraded,
     merge_conditions,
@@ -38,7 +39,8 @@ SPEC = parse_spec({"backend": {"urlSecretRef": {"name": "db"}}, "implementation"
 
 
 def dep(**changes: object) -> Deployment:
-    base = {"epoch": 3, "implementation": "distributed", "fence": "Rollout", "rollout": False}
+    base = {"epoch": 3, "implementation": "distributed", "fence": "Rollout", "rollout": False,
+            "generation": 7}
     return Deployment(**{**base, **changes})  # type: ignore[arg-type]
 
 
@@ -59,6 +61,19 @@ def test_a_deployment_as_specified_needs_nothing():
 def test_provisioning_is_needed_for_a_missing_deployment_or_timeline(found, has_timelines,
                                                                     expected):
     assert needs_provisioning(found, has_timelines) is expected
+
+
+def test_a_newer_generation_is_recorded_first_even_when_nothing_else_changes():
+    # A pass of generation 8 that changes nothing still records 8: a pass of 7 planned
+    # earlier and resumed late (a paused operator) is then refused by the backend.
+    assert steps(dep(), status(), generation=8) == (RecordGeneration(8),)
+    assert steps(dep(implementation="legacy"), status(), generation=8) == \
+        (RecordGeneration(8), Flip("distributed", 8))
+
+
+def test_a_pass_older_than_the_generation_applied_does_nothing():
+    todo = plan(Observation(SPEC, dep(implementation="legacy", generation=9), status(), 8, NOW))
+    assert todo == Plan(stale=True)
 
 
 def test_a_changed_mode_is_set_then_a_changed_implementation_flipped():
@@ -86,21 +101,22 @@ def test_an_unreported_flip_is_reported_before_its_rollout_ends():
 def test_a_rollout_ends_when_its_window_has_passed(flipped_s_ago, over):
     since = (NOW - dt.timedelta(seconds=flipped_s_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
     todo = steps(dep(rollout=True), status(lastFlipTime=since))
-    assert todo == ((FinishRollout(),) if over else ())
+    assert todo == ((FinishRollout(7, 3),) if over else ())
 
 
 def test_leaving_rollout_mode_ends_the_rollout_without_a_separate_step():
     spec = parse_spec({"backend": {"urlSecretRef": {"name": "db"}}, "fencing": "Always"})
-    assert steps(dep(rollout=True), status(), spec) == (SetFencing("Always", 7), FinishRollout())
+    assert steps(dep(rollout=True), status(), spec) == \
+        (SetFencing("Always", 7), FinishRollout(7, 3))
     # The executor checks each step against the deployment the steps before it returned:
     # SetFencing cleared the flag, so there is no rollout left to finish...
-    assert not still_due(FinishRollout(), dep(fence="Always", rollout=False), flipped=False)
+    assert not still_due(FinishRollout(7, 3), dep(fence="Always", rollout=False), flipped=False)
     # ...unless the backend refused the change (an older generation): then it still is.
-    assert still_due(FinishRollout(), dep(rollout=True), flipped=False)
+    assert still_due(FinishRollout(7, 3), dep(rollout=True), flipped=False)
 
 
 def test_a_flip_published_in_a_pass_leaves_the_rest_to_the_next_pass():
-    for step in (PublishFlip(3), FinishRollout()):
+    for step in (PublishFlip(3), FinishRollout(7, 3)):
         assert not still_due(step, dep(rollout=True), flipped=True)
     for step in (SetFencing("Always", 1), Flip("legacy", 1)):  # dep() is on distributed
         assert still_due(step, dep(), flipped=True) and still_due(step, dep(), flipped=False)
@@ -183,6 +199,15 @@ def test_a_healthy_pass_publishes_the_deployment():
     assert "lastFlipTime" not in status_patch(Outcome(provisioned=True, status=st), SPEC, {}, 2,
                                               "t")
     assert {c["type"]: c["status"] for c in patch["conditions"]}["Ready"] == "True"
+
+
+def test_ready_needs_the_fencing_the_spec_asks_for_too():
+    # An adopted schema left at fencing Always while the spec asks for Rollout: not Ready
+    # until the mode is set (before, Ready compared the implementation only).
+    st = Status(dep(fence="Always"), [])
+    patch = status_patch(Outcome(provisioned=True, status=st), SPEC, {}, 2, "t")
+    ready = {c["type"]: c for c in patch["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "Progressing")
 
 
 def test_kopf_run_reads_its_settings_from_the_environment_alone():

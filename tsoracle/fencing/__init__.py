@@ -12,6 +12,7 @@ from tsoracle.fencing.modes import (
     lock_deployment,
     moved,
     read_deployment,
+    record_generation,
     set_fencing,
     superseded,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "lock_deployment",
     "moved",
     "read_deployment",
+    "record_generation",
     "set_fencing",
     "superseded",
 ]

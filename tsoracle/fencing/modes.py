@@ -139,11 +139,31 @@ async def set_fencing(backend: Backend, mode: str, *, generation: int | None = N
     return await backend.transaction(body)
 
 
-async def finish_rollout(backend: Backend) -> Deployment:
-    """Mark the rollout done: in Rollout mode, processes on the active side stop re-checking."""
+async def record_generation(backend: Backend, generation: int) -> Deployment:
+    """Record that the owning resource's `generation` is being acted on, even where the pass
+    changes nothing: a pass of an older generation, planned earlier and resumed late (a paused
+    operator), is then refused by `flip_backend`, `set_fencing` and `finish_rollout`. The
+    recorded generation only moves forward; the deployment returned tells whether this pass is
+    stale (`generation` below the one recorded)."""
+    # The deployment row alone is locked: no cycle with lock_deployment's order.
+    await backend.fetch("UPDATE {deployment} SET generation = %(g)s"
+                        " WHERE id = 1 AND generation < %(g)s", {"g": generation})
+    return await read_deployment(backend)
+
+
+async def finish_rollout(backend: Backend, *, generation: int | None = None,
+                         epoch: int | None = None) -> Deployment:
+    """Mark the rollout done: in Rollout mode, processes on the active side stop re-checking.
+
+    With `generation` (see `flip_backend`), a pass of an older resource generation changes
+    nothing; with `epoch`, neither does a pass that timed the window of an earlier flip (a flip
+    since then opened a new window)."""
 
     async def body(tx: Tx) -> Deployment:
-        await lock_deployment(tx)
+        dep, _ = await lock_deployment(tx)
+        if (generation is not None and generation < dep.generation) \
+                or (epoch is not None and epoch != dep.epoch):
+            return dep
         await tx.fetch("UPDATE {deployment} SET rollout = FALSE WHERE id = 1")
         await tx.fetch("UPDATE {timestamps} SET rollout = FALSE")
         return await read_deployment(tx)

@@ -13,7 +13,14 @@ from typing import Any, assert_never
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from tsoracle.fencing import IMPLEMENTATIONS, Deployment, finish_rollout, set_fencing
+from tsoracle.fencing import (
+    IMPLEMENTATIONS,
+    Deployment,
+    finish_rollout,
+    read_deployment,
+    record_generation,
+    set_fencing,
+)
 from tsoracle.operator import catalog, kube, metrics
 from tsoracle.operator.logs import describe_api_error
 from tsoracle.operator.model import (
@@ -23,6 +30,7 @@ from tsoracle.operator.model import (
     Flip,
     Plan,
     PublishFlip,
+    RecordGeneration,
     RemoveCatalog,
     SetFencing,
     Step,
@@ -78,6 +86,8 @@ class Pass:
     ref: str  # namespace/name, for the log
     dep: Deployment  # as the backend last returned it
     flipped: bool = False  # a flip was published (Event posted)
+    # The backend applied a newer generation than this pass's: it stops, doing nothing more.
+    stale: bool = False
     bootstrap: dict[str, int] = field(default_factory=dict)  # ... from that flip
     flip_time: str = ""
     catalog_applied: catalog.SeenObject | None = None  # the catalog's Deployment, as applied
@@ -85,8 +95,11 @@ class Pass:
 
 
 async def run(todo: Plan, p: Pass) -> Pass:
-    """Carry out the plan's steps in order, each only while it is still due."""
+    """Carry out the plan's steps in order, each only while it is still due, and none once
+    the pass turned out stale."""
     for step in todo.steps:
+        if p.stale:
+            break
         if still_due(step, p.dep, p.flipped):
             await _perform(step, p)
     return p
@@ -94,6 +107,8 @@ async def run(todo: Plan, p: Pass) -> Pass:
 
 async def _perform(step: Step, p: Pass) -> None:
     match step:
+        case RecordGeneration():
+            await _record_generation(step, p)
         case SetFencing():
             await _set_fencing(step, p)
         case Flip():
@@ -101,7 +116,7 @@ async def _perform(step: Step, p: Pass) -> None:
         case PublishFlip():
             await _publish_flip(step, p)
         case FinishRollout():
-            await _finish_rollout(p)
+            await _finish_rollout(step, p)
         case ApplyCatalog():
             await _apply_catalog(step, p)
         case RemoveCatalog():
@@ -110,14 +125,26 @@ async def _perform(step: Step, p: Pass) -> None:
             assert_never(step)
 
 
+def _stale(p: Pass, generation: int, what: str) -> None:
+    p.stale = True
+    log.info("%s: %s not applied: this pass read generation %d, and the backend already "
+             "applied generation %d; the next pass acts on the newer one", p.ref, what,
+             generation, p.dep.generation)
+
+
+async def _record_generation(step: RecordGeneration, p: Pass) -> None:
+    p.dep = await record_generation(p.backend, step.generation)
+    if p.dep.generation > step.generation:
+        _stale(p, step.generation, "pass")
+
+
 async def _set_fencing(step: SetFencing, p: Pass) -> None:
     before = p.dep.fence
     p.dep = await set_fencing(p.backend, step.mode, generation=step.generation)
-    if p.dep.fence != before:
+    if p.dep.generation > step.generation:
+        _stale(p, step.generation, f"fencing {step.mode}")
+    elif p.dep.fence != before:
         log.info("%s: fencing %s -> %s (epoch %d)", p.ref, before, p.dep.fence, p.dep.epoch)
-    else:
-        log.info("%s: fencing %s asked for by generation %d, older than the one the "
-                 "backend applied; left at %s", p.ref, step.mode, step.generation, p.dep.fence)
 
 
 async def _flip(step: Flip, p: Pass) -> None:
@@ -135,8 +162,8 @@ async def _flip(step: Flip, p: Pass) -> None:
         _published(p, flipped.previous, flipped.implementation, flipped.epoch,
                    flipped.bootstrap)
     elif flipped.stale:
-        log.info("%s: flip to %s not applied: generation %d is older than the one the "
-                 "backend applied; left as it is", p.ref, step.to, step.generation)
+        p.dep = await read_deployment(p.backend)
+        _stale(p, step.generation, f"flip to {step.to}")
     else:
         log.info("%s: flip to %s changed nothing: %s is active at epoch %d", p.ref,
                  step.to, flipped.implementation, flipped.epoch)
@@ -152,9 +179,16 @@ async def _publish_flip(step: PublishFlip, p: Pass) -> None:
     _published(p, previous, p.dep.implementation, p.dep.epoch, position.bootstrap)
 
 
-async def _finish_rollout(p: Pass) -> None:
-    await finish_rollout(p.backend)
-    log.info("%s: rollout window over: only the inactive implementation is fenced now", p.ref)
+async def _finish_rollout(step: FinishRollout, p: Pass) -> None:
+    p.dep = await finish_rollout(p.backend, generation=step.generation, epoch=step.epoch)
+    if p.dep.generation > step.generation:
+        _stale(p, step.generation, "end of the rollout window")
+    elif p.dep.epoch != step.epoch:
+        log.info("%s: rollout window of epoch %d not ended: a flip since moved the epoch to "
+                 "%d, whose window runs on", p.ref, step.epoch, p.dep.epoch)
+    else:
+        log.info("%s: rollout window over: only the inactive implementation is fenced now",
+                 p.ref)
 
 
 # The API server's answers that a retry of the same objects will not change.

@@ -45,6 +45,7 @@ from tsoracle.operator.model import (
     plan,
     published_catalog_reason,
     published_degraded_reason,
+    status_expectations,
     status_patch,
 )
 from tsoracle.operator.ownership import Owner
@@ -57,6 +58,8 @@ from tsoracle.resource import GROUP, PLURAL, VERSION, OracleSpec, parse_spec, re
 from tsoracle.store import Backend
 
 log = logging.getLogger("tsoracle.operator")
+# The next pass after a stale one: kopf's copy of the resource catches up through its watch.
+STALE_RETRY_S = 1.0
 
 
 @dataclass
@@ -225,9 +228,12 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body, rt: Runtime
         await _act(seen, rt, outcome)
     except OracleError as exc:
         outcome.degraded_reason, outcome.degraded_message = degraded(exc, seen.url)
-    await _publish(seen, outcome, story)
-    metrics.RECONCILES.labels("degraded" if outcome.degraded_reason else "ok").inc()
+    published = not outcome.stale and await _publish(seen, outcome, story)
+    metrics.RECONCILES.labels("degraded" if outcome.degraded_reason
+                              else "ok" if published else "stale").inc()
     metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+    if not published:
+        return STALE_RETRY_S
     if outcome.degraded_reason or seen.spec is None:
         return rt.settings.retry_s
     return float(seen.spec.refresh_s)
@@ -246,6 +252,13 @@ async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
     cat = await _observe_catalog(seen, spec, owner, stored, rt.settings.catalog_image)
     todo = plan(Observation(spec, dep, seen.old_status, seen.generation, now, cat))
     done = await execute.run(todo, execute.Pass(backend, seen.body, seen.ref, dep))
+    if todo.stale or done.stale:
+        if todo.stale:
+            log.info("%s: pass skipped: it read generation %d, and the backend already applied "
+                     "generation %d; the next pass acts on the newer one", seen.ref,
+                     seen.generation, dep.generation)
+        outcome.stale = True
+        return
     outcome.bootstrap, outcome.flip_time = done.bootstrap, done.flip_time
     outcome.status = await read_status(backend, wall_clock_ms)
     outcome.rollout = outcome.status.deployment.rollout
@@ -268,9 +281,10 @@ async def _observe_catalog(seen: _Reading, spec: OracleSpec, owner: Owner, store
                               problem)
 
 
-async def _publish(seen: _Reading, outcome: Outcome, story: logs.Story) -> None:
+async def _publish(seen: _Reading, outcome: Outcome, story: logs.Story) -> bool:
     """Tell the outcome: the log (once per change), metrics, a Warning Event for a reason a
-    person must act on, and status."""
+    person must act on, and status. Returns False when the status moved since the pass read
+    it (another pass published): this pass's view is older, and is not published."""
     before = published_degraded_reason(seen.old_status)
     reason = outcome.degraded_reason
     story.degraded_now(log, reason, outcome.degraded_message, before)
@@ -284,8 +298,14 @@ async def _publish(seen: _Reading, outcome: Outcome, story: logs.Story) -> None:
                 and published_catalog_reason(seen.old_status) != said.reason:
             kopf.warn(seen.body, reason=said.reason, message=said.message)
     metrics.ROLLOUT.labels(seen.namespace, seen.name).set(1 if outcome.rollout else 0)
-    await patch_status(seen.namespace, seen.name, status_patch(
-        outcome, seen.spec, seen.old_status, seen.generation, execute.now_text()))
+    applied = await patch_status(
+        seen.namespace, seen.name,
+        status_patch(outcome, seen.spec, seen.old_status, seen.generation, execute.now_text()),
+        expect=status_expectations(seen.old_status), present=tuple(seen.old_status))
+    if not applied:
+        log.info("%s: status not published: another pass published since this one read "
+                 "it; the next pass reads the newer one", seen.ref)
+    return applied
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

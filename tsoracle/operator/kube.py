@@ -6,7 +6,7 @@ import asyncio
 import base64
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -221,11 +221,33 @@ async def token_problem(namespace: str, name: str, key: str) -> tuple[str, str] 
     return await asyncio.to_thread(_token_problem_sync, namespace, name, key)
 
 
-async def patch_status(namespace: str, name: str, status: dict[str, Any]) -> None:
+async def patch_status(namespace: str, name: str, status: dict[str, Any], *,
+                       expect: Mapping[str, Any] | None = None,
+                       present: Collection[str] = ()) -> bool:
+    """Patch the resource's status; a key set to None is removed.
+
+    With `expect` (status fields and the values the pass read; `present`: the keys its status
+    had), the API server applies the patch only while each field still holds its value, in
+    the same request (a JSON Patch `test`), so a late pass never moves the status back.
+    Returns False when the patch was not applied: a field moved, or the resource is gone."""
     api = client.CustomObjectsApi(api_client())
+    body: Any = {"status": status}
+    kind = None
+    if expect:
+        kind = "application/json-patch+json"
+        body = [{"op": "test", "path": f"/status/{k}", "value": v} for k, v in expect.items()]
+        for k, v in status.items():
+            if v is not None:
+                body.append({"op": "add", "path": f"/status/{k}", "value": v})
+            elif k in present:
+                body.append({"op": "remove", "path": f"/status/{k}"})
     try:
         await asyncio.to_thread(api.patch_namespaced_custom_object_status, GROUP, VERSION,
-                                namespace, PLURAL, name, {"status": status})
+                                namespace, PLURAL, name, body, _content_type=kind)
     except ApiException as exc:
-        if exc.status != 404:  # deleted meanwhile: nothing to report on
-            raise
+        if exc.status == 404:  # deleted meanwhile: nothing to report on
+            return False
+        if expect and exc.status == 422:  # a `test` failed: the status moved meanwhile
+            return False
+        raise
+    return True

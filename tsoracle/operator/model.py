@@ -59,6 +59,14 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class RecordGeneration:
+    """Record the generation this pass acts on, before anything else, even where it changes
+    nothing: a pass of an older generation that resumes late is then refused."""
+
+    generation: int
+
+
+@dataclass(frozen=True)
 class SetFencing:
     """Set the fencing mode everywhere; the backend refuses it for an older `generation`."""
 
@@ -84,7 +92,11 @@ class PublishFlip:
 
 @dataclass(frozen=True)
 class FinishRollout:
-    """The rollout window has passed: only the inactive implementation stays fenced."""
+    """The rollout window of the flip to `epoch` has passed: only the inactive implementation
+    stays fenced. Refused for an older `generation`, or once another flip moved the epoch."""
+
+    generation: int
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -104,7 +116,8 @@ class RemoveCatalog:
     service: bool
 
 
-Step = SetFencing | Flip | PublishFlip | FinishRollout | ApplyCatalog | RemoveCatalog
+Step = (RecordGeneration | SetFencing | Flip | PublishFlip | FinishRollout | ApplyCatalog
+        | RemoveCatalog)
 
 
 @dataclass(frozen=True)
@@ -113,12 +126,19 @@ class Plan:
     while `still_due` after the ones before it."""
 
     steps: tuple[Step, ...] = ()
+    # The backend already applied a newer generation than the resource this pass read: it
+    # does nothing (the next pass reads the newer one).
+    stale: bool = False
 
 
 def plan(obs: Observation) -> Plan:
     """Decide a pass from what it observed."""
     spec, dep, status = obs.spec, obs.deployment, obs.status
+    if obs.generation < dep.generation:
+        return Plan(stale=True)
     steps: list[Step] = []
+    if obs.generation > dep.generation:
+        steps.append(RecordGeneration(obs.generation))
     if dep.fence != spec.fencing:
         steps.append(SetFencing(spec.fencing, obs.generation))
     if dep.implementation != spec.implementation:
@@ -130,7 +150,7 @@ def plan(obs: Observation) -> Plan:
             and status.get("activeImplementation") not in (None, dep.implementation):
         steps.append(PublishFlip(published))
     elif dep.rollout and rollout_over(status, spec, obs.now):
-        steps.append(FinishRollout())
+        steps.append(FinishRollout(obs.generation, dep.epoch))
     steps += catalog_steps(spec, obs.catalog)
     return Plan(tuple(steps))
 
@@ -245,6 +265,7 @@ class Outcome:
     bootstrap: dict[str, int] = field(default_factory=dict)
     flip_time: str = ""  # when this pass published a flip (TIME_FORMAT)
     catalog: CatalogOutcome | None = None  # None: the pass did not get to the catalog
+    stale: bool = False  # the backend applied a newer generation: nothing to publish
 
 
 def catalog_outcome(spec: OracleSpec, seen: CatalogObservation | None,
@@ -336,12 +357,23 @@ def status_patch(outcome: Outcome, spec: OracleSpec | None, old_status: Mapping[
     return patch
 
 
+# The status fields a pass's patch must find as the pass read them: a pass that published in
+# between (a newer generation, a flip) must not be overwritten by an older view.
+GUARDED_STATUS = ("observedGeneration", "epoch")
+
+
+def status_expectations(old_status: Mapping[str, Any]) -> dict[str, Any]:
+    """What `kube.patch_status` tests before it applies a pass's patch."""
+    return {k: old_status[k] for k in GUARDED_STATUS if k in old_status}
+
+
 def conditions(o: Outcome, spec: OracleSpec | None) -> list[Condition]:
     """The CONDITION_TYPES an outcome publishes, in that order, then CatalogReady while
     spec.catalog is enabled."""
     st = o.status
     ready = (o.provisioned and not o.degraded_reason and st is not None and spec is not None
-             and st.deployment.implementation == spec.implementation)
+             and st.deployment.implementation == spec.implementation
+             and st.deployment.fence == spec.fencing)
     return [
         Condition("Ready", "True" if ready else "False",
                   "Reconciled" if ready else (o.degraded_reason or "Progressing"),

@@ -169,3 +169,20 @@ async def finish_rollout(backend: Backend, *, generation: int | None = None,
         return await read_deployment(tx)
 
     return await backend.transaction(body)
+
+
+async def fence_everyone(backend: Backend, *, above: int = 0) -> Deployment:
+    """Bump the epoch past both the current one and `above`, and every timeline's leader epoch:
+    every process reopens, as after a flip, the implementation unchanged. For a deployment that
+    went back in time (restored): a process that opened under an epoch the restore brought
+    back, or a legacy leader serving a window the restore forgot, must not go on."""
+
+    async def body(tx: Tx) -> Deployment:
+        dep, _ = await lock_deployment(tx)
+        epoch = max(dep.epoch, above) + 1
+        await tx.fetch("UPDATE {deployment} SET epoch = %(epoch)s WHERE id = 1", {"epoch": epoch})
+        await tx.fetch("UPDATE {timestamps} SET epoch = %(epoch)s,"
+                       " leader_epoch = leader_epoch + 1", {"epoch": epoch})
+        return await read_deployment(tx)
+
+    return await backend.transaction(body)

@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from tsoracle.fencing import (
     IMPLEMENTATIONS,
     Deployment,
+    fence_everyone,
     finish_rollout,
     read_deployment,
     record_generation,
@@ -28,6 +29,7 @@ from tsoracle.operator.model import (
     ApplyCatalog,
     FinishRollout,
     Flip,
+    HighWater,
     Plan,
     PublishFlip,
     RecordGeneration,
@@ -35,9 +37,11 @@ from tsoracle.operator.model import (
     SetFencing,
     Step,
     needs_provisioning,
+    rewind_targets,
     still_due,
 )
 from tsoracle.operator.ownership import Owner, check_ownership
+from tsoracle.oracle.advance import advance_timelines, positions
 from tsoracle.oracle.flip import flip_backend
 from tsoracle.oracle.provision import claim, find_deployment, provision
 from tsoracle.resource import OracleSpec
@@ -75,6 +79,29 @@ async def hold(backend: Backend, spec: OracleSpec, owner: Owner, old_status: dic
 async def _has_timelines(backend: Backend, timelines: tuple[str, ...]) -> bool:
     rows = await backend.fetch("SELECT DISTINCT timeline FROM {timestamps}")
     return set(timelines) <= {r[0] for r in rows}
+
+
+async def repair_rewind(backend: Backend, dep: Deployment, mark: HighWater,
+                        published_epoch: int, now: dt.datetime, ref: str,
+                        body: kopf.Body) -> Deployment | None:
+    """Move a backend that went back in time (restored from a backup or to an earlier point)
+    above everything handed out before, and fence every process, as a flip does; return the
+    deployment after, or None when the backend did not go back."""
+    found = await positions(backend)
+    targets = rewind_targets(mark, found, dep.epoch, published_epoch, now)
+    if not targets:
+        return None
+    moved = await advance_timelines(backend, targets, force=True)
+    after = await fence_everyone(backend, above=published_epoch)
+    metrics.REWINDS.inc()
+    said = ", ".join(f"{k} {found.get(k, 0)} -> {r.after}" for k, r in sorted(moved.items()))
+    message = (f"the database went back in time (restored?): epoch {dep.epoch} (published "
+               f"{published_epoch}), timelines below the high-water mark; moved forward above "
+               f"everything handed out before ({said}) and fenced every process at epoch "
+               f"{after.epoch}")
+    log.warning("%s: %s", ref, message)
+    kopf.warn(body, reason="BackendRewound", message=message)
+    return after
 
 
 @dataclass

@@ -38,6 +38,7 @@ from tsoracle.operator.model import (
     WARNED_CATALOG_REASONS,
     WARNED_REASONS,
     CatalogObservation,
+    HighWater,
     Observation,
     Outcome,
     catalog_outcome,
@@ -51,6 +52,7 @@ from tsoracle.operator.model import (
 from tsoracle.operator.ownership import Owner
 from tsoracle.operator.redact import redact
 from tsoracle.operator.settings import OperatorSettings, from_environment
+from tsoracle.oracle.advance import positions
 from tsoracle.oracle.api import wall_clock_ms
 from tsoracle.oracle.provision import drop_deployment, find_deployment, release
 from tsoracle.oracle.status import read_status
@@ -249,6 +251,10 @@ async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
     dep = await execute.hold(backend, spec, owner, seen.old_status, seen.ref)
     outcome.provisioned = True
     now = dt.datetime.now(dt.UTC)
+    mark = HighWater.of(seen.old_status)
+    repaired = await execute.repair_rewind(backend, dep, mark, int(seen.old_status.get("epoch")
+                                                                   or 0), now, seen.ref, seen.body)
+    dep = repaired or dep
     cat = await _observe_catalog(seen, spec, owner, stored, rt.settings.catalog_image)
     todo = plan(Observation(spec, dep, seen.old_status, seen.generation, now, cat))
     done = await execute.run(todo, execute.Pass(backend, seen.body, seen.ref, dep))
@@ -261,6 +267,8 @@ async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
         return
     outcome.bootstrap, outcome.flip_time = done.bootstrap, done.flip_time
     outcome.status = await read_status(backend, wall_clock_ms)
+    found = await positions(backend)
+    outcome.high_water = mark.restarted(found, now) if repaired else mark.after(found, now)
     outcome.rollout = outcome.status.deployment.rollout
     outcome.catalog = catalog_outcome(spec, cat, done.catalog_applied, done.catalog_rejected,
                                       outcome.status.deployment.implementation)

@@ -5,6 +5,7 @@ patch. The handler reads; execute.py carries the steps out."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -219,6 +220,71 @@ def rollout_over(old_status: Mapping[str, Any], spec: OracleSpec, now: dt.dateti
     return (now - flipped).total_seconds() >= spec.rollout_window_s
 
 
+# --- Restore safety: the high-water mark kept outside the database ---------------------------
+
+# A rewound backend is moved above the mark by what its timelines could have handed out since
+# the mark was taken: the fastest advance seen between two passes, over the time since, times
+# REWIND_SAFETY, plus REWIND_FLOOR timestamps (EpochMilliseconds: milliseconds).
+REWIND_SAFETY = 2.0
+REWIND_FLOOR = 1000
+
+
+@dataclass(frozen=True)
+class HighWater:
+    """status.highWater: per timeline the highest position (read_ts or write_ts of any
+    implementation) a pass saw and the fastest advance seen between passes, per second."""
+
+    time: dt.datetime | None = None
+    positions: Mapping[str, int] = field(default_factory=dict)
+    peaks: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, status: Mapping[str, Any]) -> HighWater:
+        hw = status.get("highWater") or {}
+        if not hw.get("time"):
+            return cls()
+        when = dt.datetime.strptime(hw["time"], TIME_FORMAT).replace(tzinfo=dt.UTC)
+        marks = hw.get("timelines") or {}
+        return cls(when, {k: int(v.get("position") or 0) for k, v in marks.items()},
+                   {k: float(v.get("peakPerSecond") or 0) for k, v in marks.items()})
+
+    def after(self, positions: Mapping[str, int], now: dt.datetime) -> HighWater:
+        """The mark after a pass that found `positions` (it never goes down)."""
+        since = (now - self.time).total_seconds() if self.time else 0.0
+        marks, peaks = dict(self.positions), dict(self.peaks)
+        for name, at in positions.items():
+            before = marks.get(name)
+            if before is not None and since > 0:
+                peaks[name] = max(peaks.get(name, 0.0), (at - before) / since)
+            marks[name] = max(at, before or 0)
+        return HighWater(now, marks, peaks)
+
+    def restarted(self, positions: Mapping[str, int], now: dt.datetime) -> HighWater:
+        """The mark after a repair moved the backend: no advance is measured across it."""
+        marks = {k: max(v, self.positions.get(k, 0)) for k, v in positions.items()}
+        return HighWater(now, marks, dict(self.peaks))
+
+    def published(self) -> dict[str, Any]:
+        marks = {k: {"position": str(v), "peakPerSecond": f"{self.peaks.get(k, 0.0):.3f}"}
+                 for k, v in sorted(self.positions.items())}
+        return {"time": self.time.strftime(TIME_FORMAT) if self.time else None,
+                "timelines": marks}
+
+
+def rewind_targets(mark: HighWater, positions: Mapping[str, int], epoch: int,
+                   published_epoch: int, now: dt.datetime) -> dict[str, int]:
+    """Where to move each timeline when the backend went back in time (restored from a backup
+    or to an earlier point): a timeline below the mark, or an epoch below the one published.
+    Empty when it did not. Every timeline of the mark moves: one restored row means the whole
+    database was."""
+    behind = any(at < mark.positions.get(name, 0) for name, at in positions.items())
+    if mark.time is None or not (behind or epoch < published_epoch):
+        return {}
+    since = max(0.0, (now - mark.time).total_seconds())
+    return {name: top + math.ceil(mark.peaks.get(name, 0.0) * since * REWIND_SAFETY)
+            + REWIND_FLOOR for name, top in mark.positions.items() if name in positions}
+
+
 @dataclass(frozen=True)
 class Condition:
     type: str
@@ -266,6 +332,7 @@ class Outcome:
     flip_time: str = ""  # when this pass published a flip (TIME_FORMAT)
     catalog: CatalogOutcome | None = None  # None: the pass did not get to the catalog
     stale: bool = False  # the backend applied a newer generation: nothing to publish
+    high_water: HighWater | None = None  # status.highWater after this pass
 
 
 def catalog_outcome(spec: OracleSpec, seen: CatalogObservation | None,
@@ -354,6 +421,8 @@ def status_patch(outcome: Outcome, spec: OracleSpec | None, old_status: Mapping[
         patch["lastFlipTime"] = outcome.flip_time
     if outcome.catalog is not None:
         patch["catalog"] = outcome.catalog.status  # None removes it (a merge patch)
+    if outcome.high_water is not None:
+        patch["highWater"] = outcome.high_water.published()
     return patch
 
 

@@ -3,9 +3,9 @@
 A deployment row records its owner (`<namespace>/<name>/<uid>` of the TimestampOracle that
 provisioned or adopted it) and its incarnation; the resource's status records the incarnation
 and epoch it last saw. The operator re-seeds nothing it cannot account for: a schema that went
-missing, changed incarnation or went back in epoch means the Secret now points somewhere else (or
-the data was dropped or restored), and handing out timestamps from a fresh row would repeat ones
-already handed out.
+missing or changed incarnation means the Secret now points somewhere else (or the data was
+dropped), and handing out timestamps from a fresh row would repeat ones already handed out. The
+same deployment gone back in time (restored) is moved forward instead: see `model.rewind_targets`.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ _START_OVER = ("nothing was re-created and clients stay fenced; point the Secret
 def check_ownership(found: Deployment | None, owner: Owner, schema: str,
                     status: Mapping[str, Any]) -> None:
     """Raise OwnershipProblem unless this pass may provision or use `found`."""
+    # An epoch below the published one, same incarnation, is this deployment restored to an
+    # earlier point: the rewind repair moves it forward (model.rewind_targets).
     known = str(status.get("incarnation") or "")
-    known_epoch = int(status.get("epoch") or 0)
     if found is None:
         if known:
             raise OwnershipProblem(
@@ -70,8 +71,3 @@ def check_ownership(found: Deployment | None, owner: Owner, schema: str,
             "BackendChanged",
             f"schema {schema!r} holds incarnation {found.incarnation or '-'}, not the "
             f"incarnation {known} this resource provisioned; {_START_OVER}")
-    if found.epoch < known_epoch:
-        raise OwnershipProblem(
-            "BackendChanged",
-            f"schema {schema!r} is at epoch {found.epoch}, behind the epoch {known_epoch} "
-            f"this resource already published (restored from a backup?); {_START_OVER}")

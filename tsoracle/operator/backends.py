@@ -39,7 +39,7 @@ class SharedBackends:
                 self._opening[key] = task
             # Shielded: one caller cancelled (its handler timed out) leaves the others' open.
             await asyncio.shield(task)
-            # Gone again if a close() ran meanwhile; then this caller opens anew.
+            # Gone again if its last user let go or close() ran meanwhile: open anew.
             root = self._roots.get(key)
         # From the lookup to the registration nothing awaits: no close can slip in between.
         stale = self._release(resource) if self._used_by.get(resource, key) != key else None

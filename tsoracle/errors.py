@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,15 @@ class OracleError(Exception):
     def for_cli(self) -> str:
         """The message as `tsoracle` shows it: flags, not keyword arguments."""
         return self.cli_text or str(self)
+
+
+def anew(exc: E) -> E:
+    """A copy of a stored error (type, message, attributes; no traceback) to raise once more.
+
+    Raising one object again and again lengthens its traceback by the raising frames each time
+    and keeps them all alive: a fenced oracle called 20,000 times held 100,002 frames (~20 MB).
+    The error must be rebuilt by its class from its `args` (or define `__reduce__`)."""
+    return copy.copy(exc)
 
 
 class ConfigError(OracleError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from tsoracle.coalesce import Coalescer, shared_calls
-from tsoracle.errors import Fenced, LeadershipLost, UnknownTimeline
+from tsoracle.errors import Fenced, LeadershipLost, UnknownTimeline, anew
 from tsoracle.fencing.modes import (
     Deployment,
     confirms_reads,
@@ -184,7 +184,7 @@ class Leadership:
 
     def check(self) -> None:
         if self.fenced is not None:
-            raise self.fenced
+            raise anew(self.fenced)  # each caller its own: see errors.anew
 
     async def _explain(self) -> Fenced:
         now = await read_deployment(self.backend)

@@ -156,8 +156,14 @@ class KopfLogs(logging.Filter):
         return True
 
 
-class _RedactPoolLogs(logging.Filter):
-    """psycopg's pool logs connection failures with the server's address: keep it out."""
+# Loggers whose records may name the database server: psycopg and its pool (connection failures,
+# a connection's repr) and the library's provisioning (a driver's reason it quotes).
+ADDRESS_LOGGERS = ("psycopg", "psycopg.pool", "tsoracle.store.schema")
+
+
+class _RedactAddresses(logging.Filter):
+    """Keep the database server's address out of a record (a filter on a logger sees only the
+    records logged there, not its children's: each logger of ADDRESS_LOGGERS gets one)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg = redact_addresses(record.getMessage())
@@ -171,13 +177,14 @@ class _Urllib3Retries(logging.Filter):
 
 
 def install(verbose: bool) -> None:
-    """Keep server addresses out of psycopg's pool logs; quiet kopf's per-handler chatter
-    (`Handler 'spec_changed/spec' succeeded.`, `Activity 'configure' succeeded.`) unless
+    """Keep server addresses out of psycopg's logs and the library's; quiet kopf's per-handler
+    chatter (`Handler 'spec_changed/spec' succeeded.`, `Activity 'configure' succeeded.`) unless
     verbose, and put KopfLogs where kopf's records pass: on `kopf.objects` (before its Event
     poster sees them) and on the root handlers (the rest)."""
-    pool_log = logging.getLogger("psycopg.pool")
-    if not any(isinstance(f, _RedactPoolLogs) for f in pool_log.filters):
-        pool_log.addFilter(_RedactPoolLogs())
+    for name in ADDRESS_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RedactAddresses) for f in logger.filters):
+            logger.addFilter(_RedactAddresses())
     if not verbose:
         for name in ("kopf.objects", "kopf.activities", "kopf._core.engines.activities"):
             logging.getLogger(name).setLevel(logging.WARNING)

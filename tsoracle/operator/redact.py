@@ -18,6 +18,9 @@ from tsoracle.store import parse_url
 # Where the server is, as libpq and the pool spell it, whatever the URL said (`localhost`
 # resolves to addresses that appear nowhere in the URL).
 _ADDRESSES = [
+    # psycopg's repr of a connection: <psycopg.AsyncConnection [IDLE] (host=… port=… user=…
+    # database=…) at 0x…>, which its pool logs when it discards or rolls one back.
+    (re.compile(r"\((?:host|hostaddr|port)=[^()]*\)"), "(<backend>)"),
     (re.compile(r'(server (?:at|on socket)) "[^"]*"(?:\s*\([^)]*\))?'), r"\1 <backend>"),
     (re.compile(r'(host name) "[^"]*"'), r"\1 <backend>"),
     (re.compile(r"\b(host|hostaddr|port): '[^']*'"), r"\1: '<backend>'"),

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tsoracle.errors import Fenced, LeadershipLost, OracleClosed, Reprovisioned
+from tsoracle.errors import Fenced, LeadershipLost, OracleClosed, Reprovisioned, anew
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
 
 T = TypeVar("T")
@@ -64,7 +64,7 @@ class ReopeningOracle:
                     "implementation serves one process per timeline, so several processes need "
                     "the distributed one (spec.implementation: distributed, or `tsoracle flip "
                     "--to distributed`); a new client may take it over")
-                raise self._lost from None
+                raise anew(self._lost) from None
             except Reprovisioned as exc:
                 # Timestamps restarted: running the call again on the new deployment would
                 # carry an old timestamp (an apply_write, say) into it. The next call reopens.
@@ -90,7 +90,7 @@ class ReopeningOracle:
             raise OracleClosed("this client is closed; make a new one")
         if self._lost is not None:
             if self._still_lost is None or await self._still_lost():
-                raise self._lost
+                raise anew(self._lost)  # each caller its own: see errors.anew
             self._lost = None  # flipped to distributed since: every process may serve
         if self._oracle is not None:
             return self._oracle

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Sequence
 
 from tsoracle.errors import OracleUnavailable
@@ -67,9 +68,20 @@ async def tune_hot_table(backend: Backend, table: str) -> None:
             await backend.execute_ddl(statement)
         except OracleUnavailable as exc:
             # Once per table and option: the operator provisions many schemas in one process.
+            # The operator's log must not say where the database is: name what was refused.
             _once(f"{backend.url.safe} {statement}", logging.WARNING,
-                  "table option %s not set on %s (%s); a database admin can run: %s",
-                  what, backend.url.safe, exc, statement)
+                  "table option %s not set on table %s of schema %s for role %s (%s); "
+                  "provisioning goes on without it; a database admin can run: %s",
+                  what, table, backend.url.schema, backend.url.user or "(libpq's default)",
+                  _unplaced(backend, str(exc)), statement)
+
+
+def _unplaced(backend: Backend, text: str) -> str:
+    """`text` without the database's location (our errors name it, a driver may too)."""
+    text = text.replace(backend.url.safe, "the database")
+    for host in sorted(filter(None, backend.url.host.split(",")), key=len, reverse=True):
+        text = re.sub(re.escape(host), "<host>", text, flags=re.IGNORECASE)
+    return text
 
 
 async def tables_exist(backend: Backend, tables: Iterable[str]) -> bool:

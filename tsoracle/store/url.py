@@ -43,6 +43,7 @@ class BackendURL:
     host: str = ""
     # Every secret the location spelled out (a URL may carry a password twice).
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    user: str = ""  # the role the URL names (PostgreSQL); empty: libpq's default
 
     def scrub(self, text: str) -> str:
         """Mask the password wherever a driver message might echo it (in any letter case)."""
@@ -210,7 +211,8 @@ def parse_postgres(text: str) -> BackendURL:
         except ValueError:
             pass
     return BackendURL("postgresql", conninfo.make_conninfo(**params), schema, _safe(params),
-                      password, host, tuple(sorted(s for s in secrets if s)))
+                      password, host, tuple(sorted(s for s in secrets if s)),
+                      user=params.get("user", ""))
 
 
 def _safe(params: dict[str, str]) -> str:

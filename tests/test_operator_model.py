@@ -14,6 +14,7 @@ from tsoracle.operator.model import (
     Condition,
     FinishRollout,
     Flip,
+    HighWater,
     Observation,
     Outcome,
     Plan,
@@ -25,6 +26,7 @@ from tsoracle.operator.model import (
     needs_provisioning,
     plan,
     published_degraded_reason,
+    rewind_targets,
     status_patch,
     still_due,
 )
@@ -240,3 +242,26 @@ def test_tsoracle_operator_flags_win_over_the_environment():
                                    lease_name="flag-lease", lease_owner="tso")
     assert for_command(namespaces=[], lease_namespace=None, lease_name=None,
                        environ=env).lease_name == "env-lease"
+
+
+def test_the_high_water_mark_only_rises_and_measures_the_fastest_advance():
+    t0 = NOW
+    mark = HighWater().after({"c": 100}, t0)
+    assert mark.positions == {"c": 100} and mark.peaks == {}
+    mark = mark.after({"c": 300}, t0 + dt.timedelta(seconds=2))  # 100 per second
+    mark = mark.after({"c": 350}, t0 + dt.timedelta(seconds=3))  # 50 per second
+    assert mark.positions == {"c": 350} and mark.peaks == {"c": 100.0}
+    assert HighWater.of({"highWater": mark.published()}) == mark
+
+
+def test_a_backend_below_the_mark_is_moved_above_what_could_have_been_handed_out():
+    mark = HighWater(NOW, {"c": 1000, "EpochMilliseconds": 5000}, {"c": 100.0})
+    later = NOW + dt.timedelta(seconds=10)
+    assert rewind_targets(mark, {"c": 1000, "EpochMilliseconds": 5000}, 3, 3, later) == {}
+    # One timeline below: the whole database was restored, every timeline moves.
+    assert rewind_targets(mark, {"c": 400, "EpochMilliseconds": 5000}, 3, 3, later) == {
+        "c": 1000 + 100 * 10 * 2 + 1000, "EpochMilliseconds": 5000 + 1000}
+    # An epoch below the published one is a restore too, even with the timelines above.
+    assert rewind_targets(mark, {"c": 2000, "EpochMilliseconds": 6000}, 2, 3, later) != {}
+    # No mark yet (the first pass): nothing to compare with.
+    assert rewind_targets(HighWater(), {"c": 0}, 1, 3, later) == {}

@@ -1,7 +1,9 @@
 """Third floor: the TimestampOracle API and its implementations. Uses fencing/ and store/."""
 
+from tsoracle.oracle.advance import AdvanceResult, advance_timeline, positions
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
 from tsoracle.oracle.connect import (
+    advance,
     connect,
     finish_rollout,
     flip,
@@ -19,6 +21,7 @@ from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, Timeline, common_timeli
 
 __all__ = [
     "EPOCH_MILLISECONDS",
+    "AdvanceResult",
     "FlipResult",
     "GroupCommitter",
     "OracleOptions",
@@ -26,6 +29,8 @@ __all__ = [
     "Timeline",
     "TimestampOracle",
     "WriteTimestamp",
+    "advance",
+    "advance_timeline",
     "common_timeline",
     "connect",
     "connect_sync",
@@ -35,6 +40,7 @@ __all__ = [
     "open_oracle",
     "open_sync",
     "parse_timeline",
+    "positions",
     "serve_metrics",
     "set_fencing",
     "status",

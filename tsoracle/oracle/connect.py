@@ -1,4 +1,4 @@
-"""Opening oracles, and the deployment-wide admin calls (init, flip, fencing, status)."""
+"""Opening oracles, and the deployment-wide admin calls (init, flip, advance, fencing, status)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tsoracle.fencing import (
 from tsoracle.fencing import finish_rollout as _finish_rollout
 from tsoracle.fencing import set_fencing as _set_fencing
 from tsoracle.oracle import metrics
+from tsoracle.oracle.advance import AdvanceResult, advance_timeline
 from tsoracle.oracle.api import TimestampOracle, wall_clock_ms
 from tsoracle.oracle.distributed import DistributedOracle
 from tsoracle.oracle.flip import FlipResult, flip_backend
@@ -140,6 +141,13 @@ async def flip(url: str, *, to: str) -> FlipResult:
     async with admin_backend(url) as backend:
         await _require_schema(backend)
         return await flip_backend(backend, to)
+
+
+async def advance(url: str, *, timeline: str, to: int, force: bool = False) -> AdvanceResult:
+    """Move `timeline` forward to `to` after a restore (forward only; `advance_timeline`)."""
+    async with admin_backend(url) as backend:
+        await _require_schema(backend)
+        return await advance_timeline(backend, timeline, to, force=force)
 
 
 async def set_fencing(url: str, mode: str) -> Deployment:

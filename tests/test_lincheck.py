@@ -110,8 +110,9 @@ def test_a_run_needs_an_empty_folder_of_its_own(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_broken_oracles_are_caught_live(variant, tmp_path):
-    impl, scenario = (("distributed", "none") if variant == "read-past-unapplied"
-                      else ("legacy", "takeovers"))
+    impl, scenario = {"read-past-unapplied": ("distributed", "none"),
+                      "resume-at-the-clock": ("legacy", "clock-jump-forward")
+                      }.get(variant, ("legacy", "takeovers"))
     summary = runner.run(scenario, impl, out=tmp_path, broken=variant, clients=2, min_ops=1500)
     assert summary["porcupine"] == "violation", summary
     assert (tmp_path / "violation.html").exists()

@@ -648,6 +648,29 @@ class Nemesis:
         if self.control.state["implementation"] == "legacy":
             self.fault("legacy take-over", leader=proc)
 
+    def took_over(self, proc: int) -> None:
+        """Wait until `proc`, just designated, has taken EpochMilliseconds over (legacy): the
+        next step must find it leading with whatever clock it has, however short the run."""
+        if self.control.state["implementation"] != "legacy":
+            return
+        since, path = time.monotonic_ns(), self.out / f"worker-{proc}.jsonl"
+        pending: set[str] = set()
+        while True:
+            for raw in path.read_text().splitlines():
+                try:
+                    rec = json.loads(raw)
+                except json.JSONDecodeError:
+                    continue
+                if rec["k"] == "call" and rec["op"] == "reset" and rec["t"] >= since \
+                        and rec["timeline"] == EPOCH_MILLISECONDS:
+                    pending.add(rec["id"])
+                elif rec["k"] == "ret" and rec["ok"] and rec["id"] in pending:
+                    self.fault("took over", leader=proc)
+                    return
+            if time.monotonic() > self.deadline:
+                raise Stalled(f"worker {proc} never took {EPOCH_MILLISECONDS} over")
+            time.sleep(0.02)
+
     def run(self) -> None:
         scenario = self.scenario
         if scenario == "postgres":
@@ -737,6 +760,8 @@ class Nemesis:
                                       (0.85, self.lead, 3)):
                 self.at(frac)
                 action(arg)
+                if action == self.lead:
+                    self.took_over(arg)
         elif scenario == "partition":
             assert self.ns is not None, "the partition scenario needs its network namespace"
             self.at(0.3)

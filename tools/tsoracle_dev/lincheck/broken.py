@@ -6,6 +6,9 @@
   reserved upper, so write timestamps of the previous leader repeat.
 - `skip-epoch-check`: legacy leaders never confirm their epoch, so a superseded leader keeps
   serving stale reads.
+- `resume-at-the-clock`: a new legacy leader of EpochMilliseconds resumes at its own clock
+  instead of the reserved upper, trusting the clock to be past whatever its predecessor handed
+  out: true while clocks agree (a `takeovers` run did not catch it), false once one jumped.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Any
 from tsoracle.oracle.distributed import DistributedOracle
 from tsoracle.oracle.legacy import LegacyOracle
 
-VARIANTS = ("read-past-unapplied", "reuse-after-restart", "skip-epoch-check")
+VARIANTS = ("read-past-unapplied", "reuse-after-restart", "skip-epoch-check",
+            "resume-at-the-clock")
 
 
 def install(name: str) -> dict[str, Any]:
@@ -36,6 +40,17 @@ def install(name: str) -> dict[str, Any]:
             await self._extend(self._write + 1)
 
         LegacyOracle.start = start_from_read  # type: ignore[method-assign]
+        return {}
+    if name == "resume-at-the-clock":
+        async def start_at_clock(self: LegacyOracle) -> None:
+            state = await self.leadership.start()
+            self._read = state.read_ts
+            # The bug: the clock stands in for the reserved upper.
+            start = self.now() if self.timeline.wall_clock else state.upper
+            self._write = self._upper = self.resumed_at = start
+            await self._extend(self._write + 1)
+
+        LegacyOracle.start = start_at_clock  # type: ignore[method-assign]
         return {}
     if name == "skip-epoch-check":
         return {"fencing": "Disabled"}

@@ -30,12 +30,18 @@ Three scenarios relax or re-key what they record, each for a documented reason:
   across flips; the other workers are the usual asyncio clients.
 The histories go to the Go checker (main.go beside this file, Porcupine) and to the fast Python
 invariant checks in history.py.
+
+The clock scenarios (`clock`, `clock-jump-forward`, `clock-jump-back`) shift the clock the even
+workers' oracles read (`now`). Writes on EpochMilliseconds record that clock around the call and
+failures record their error type, so `clock_report` can check every run: no write handed out
+more than the allowed skew ahead of its own clock, ClockSkew only on the wall-clock timeline.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextvars
 import functools
 import hashlib
@@ -53,7 +59,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import tsoracle
+from tsoracle.oracle.options import DEFAULT_MAX_CLOCK_SKEW_MS
 from tsoracle.oracle.reopening import ReopeningOracle
+from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
 from tsoracle_dev import CHECKOUT
 from tsoracle_dev.lincheck.history import Op, check
 from tsoracle_dev.lincheck.netns import NamespaceUnavailable, NetNamespace
@@ -63,8 +71,13 @@ from tsoracle_dev.pgfaults import LossyRelay, SerializationFaults
 HERE = Path(__file__).resolve().parent  # the Go checker's sources and the corpus
 
 SCENARIOS = ("none", "postgres", "async-commit-crash", "client-kill", "pause", "flips", "clock",
-             "partition", "takeovers", "fencing-modes", "reprovision", "spark-client",
-             "serialization-faults", "lost-replies")
+             "clock-jump-forward", "clock-jump-back", "partition", "takeovers", "fencing-modes",
+             "reprovision", "spark-client", "serialization-faults", "lost-replies")
+# In these the even workers' oracles read a clock the nemesis shifts (the `now` every oracle
+# takes; nothing else in the library reads the wall clock, tests/test_lincheck.py checks).
+CLOCK_SCENARIOS = ("clock", "clock-jump-forward", "clock-jump-back")
+# ±10 minutes: ten times the default allowance, so what ClockSkew refuses is unmistakable.
+CLOCK_JUMP_MS = 600_000
 # The partition: worker 0 is cut off this long, and is configured to give up on the database
 # after PARTITION_BUDGET_S of retries, noticing a silent network after PARTITION_NETWORK_S; every
 # operation it starts meanwhile must end (fail) within PARTITION_BOUND_S.
@@ -76,7 +89,7 @@ PARTITION_BOUND_S = PARTITION_BUDGET_S + 2 * PARTITION_NETWORK_S + 1.0
 FAULT_RATES = (0.05, 0.30)
 ISOLATIONS = ("read committed", "serializable")
 LEGACY_ONLY = ("takeovers",)  # leader changes mean nothing to the distributed implementation
-TIMELINES = ("EpochMilliseconds", "counter:lin", "counter:lin2")
+TIMELINES = (EPOCH_MILLISECONDS, "counter:lin", "counter:lin2")
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
 DEFAULT_CAP_S = 600.0  # a scenario that has not finished by then hangs
 # After fencing goes back to Always, a legacy leader may still answer one stale read until its
@@ -105,7 +118,9 @@ class Recorder:
         os.write(self.fd, (json.dumps(rec) + "\n").encode())
 
     def call(self, client: int, timeline: str, op: str, arg: int | None = None,
-             t: int | None = None) -> str:
+             t: int | None = None, clock: tuple[int, int] | None = None) -> str:
+        """`clock`: the clock the oracle reads (ms) and its offset from the true time, for
+        writes and applies on EpochMilliseconds."""
         with self.lock:
             self.seq += 1
             op_id = f"{self.proc}-{self.seq}"
@@ -113,13 +128,21 @@ class Recorder:
                                "timeline": timeline, "op": op, "t": t or time.monotonic_ns()}
         if arg is not None:
             rec["arg"] = arg
+        if clock is not None:
+            rec["wall"], rec["offset"] = clock
         self._write(rec)
         return op_id
 
-    def ret(self, op_id: str, ok: bool, value: int | None = None) -> None:
+    def ret(self, op_id: str, ok: bool, value: int | None = None, *,
+            wall: int | None = None, error: str | None = None) -> None:
+        """`error`: the type of the OracleError a failed operation raised."""
         rec: dict[str, Any] = {"k": "ret", "id": op_id, "ok": ok, "t": time.monotonic_ns()}
         if value is not None:
             rec["value"] = value
+        if wall is not None:
+            rec["wall"] = wall
+        if error is not None:
+            rec["error"] = error
         self._write(rec)
 
 
@@ -167,9 +190,11 @@ async def worker(args: argparse.Namespace) -> None:
     control = Control(Path(args.control))
     state = control.read()
 
+    def offset() -> int:
+        return state["clock_offset_ms"] if args.clock_skew else 0
+
     def clock() -> int:
-        offset = state["clock_offset_ms"] if args.clock_skew else 0
-        return time.time_ns() // 1_000_000 + offset
+        return time.time_ns() // 1_000_000 + offset()
 
     deadline = time.monotonic() + args.cap  # only if the orchestrator died
     stats = {"ok": 0, "failed": 0}
@@ -222,7 +247,10 @@ async def worker(args: argparse.Namespace) -> None:
         if name != "write" and name != "apply" and state["relaxed"] \
                 and o.implementation == "legacy":
             name = "stale-read"  # Disabled: a superseded leader may answer stale
-        op = rec.call(cid, key(tl, o), name, arg)
+        # The clock around each write on the wall-clock timeline bounds what it may return
+        # (clock_report); nothing awaits between this reading and the oracle's first one.
+        walled = name in ("write", "apply") and tl == EPOCH_MILLISECONDS
+        op = rec.call(cid, key(tl, o), name, arg, clock=(clock(), offset()) if walled else None)
         try:
             if name == "write":
                 value = (await o.write_ts()).timestamp
@@ -234,10 +262,10 @@ async def worker(args: argparse.Namespace) -> None:
                 value = await o.peek_write_ts()
             else:  # read, stale-read
                 value = await o.read_ts()
-        except tsoracle.OracleError:
-            rec.ret(op, False)
+        except tsoracle.OracleError as exc:
+            rec.ret(op, False, error=type(exc).__name__)
             raise
-        rec.ret(op, True, value)
+        rec.ret(op, True, value, wall=clock() if walled else None)
         return value
 
     async def client(cid: int) -> None:
@@ -277,11 +305,14 @@ async def worker(args: argparse.Namespace) -> None:
     follower.cancel()
     for o in oracles.values():
         await o.close()
-    from tsoracle.oracle.metrics import RETRIES
+    from tsoracle.oracle.metrics import FAILED, RETRIES
 
     stats["retries"] = {r: RETRIES.total(reason=r) for r in
                         ("serialization_failure", "ambiguous_result", "deadlock", "connection",
                          "pool_timeout")}
+    # What the metric saw, to hold against what the history recorded.
+    stats["clock_skew_counted"] = {op: FAILED.total(operation=op, error="ClockSkew")
+                                   for op in ("write_ts", "apply_write")}
     stats["replies_lost"] = relay.lost if relay is not None else 0
     print(json.dumps(stats), flush=True)
 
@@ -416,6 +447,69 @@ def invariants(paths: list[Path]) -> tuple[list[str], int]:
     return problems, total
 
 
+def shifted(proc: int) -> bool:
+    """Whether worker `proc` follows the nemesis's clock offset in the clock scenarios."""
+    return proc % 2 == 0
+
+
+def clock_report(paths: list[Path], phases: list[tuple[int, int]],
+                 started: int) -> tuple[list[str], dict[str, Any]]:
+    """The clock contract, from the recorded walls and errors: no write on EpochMilliseconds
+    returned more than DEFAULT_MAX_CLOCK_SKEW_MS ahead of the clock its oracle read, and
+    ClockSkew never came from a counting timeline. Per clock phase (by call time): writes
+    served and refused with ClockSkew, on shifted and true-clock workers."""
+    calls: dict[str, dict[str, Any]] = {}
+    rets: dict[str, dict[str, Any]] = {}
+    for p in paths:
+        for raw in p.read_text().splitlines():
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if rec["k"] in ("call", "ret"):
+                (calls if rec["k"] == "call" else rets)[rec["id"]] = rec
+    starts = [t for t, _ in phases]
+    table = [{"offset_ms": off, "at_s": round((t - started) / 1e9, 2),
+              "writes": {"shifted": 0, "true": 0}, "refused": {"shifted": 0, "true": 0},
+              "apply_refused": 0, "highest_write": None} for t, off in phases]
+    problems: list[str] = []
+    allowed = DEFAULT_MAX_CLOCK_SKEW_MS
+    for op_id, c in calls.items():
+        r = rets.get(op_id)
+        if r is None:
+            continue
+        tl = c["timeline"].partition("@")[0]
+        refused = r.get("error") == "ClockSkew"
+        if refused and tl != EPOCH_MILLISECONDS:
+            problems.append(f"{c['timeline']}: {c['op']} raised ClockSkew on a counting timeline")
+        if tl != EPOCH_MILLISECONDS or c["op"] not in ("write", "apply"):
+            continue
+        moved = shifted(int(op_id.partition("-")[0]))
+        who = "shifted" if moved else "true"
+        # The phase by call time, or an earlier one if the worker had not yet seen its offset.
+        i = max(0, bisect.bisect_right(starts, c["t"]) - 1)
+        while moved and i > 0 and table[i]["offset_ms"] != c.get("offset", 0):
+            i -= 1
+        phase = table[i]
+        if c["op"] == "apply":
+            phase["apply_refused"] += refused
+        elif refused:
+            phase["refused"][who] += 1
+        elif r["ok"]:
+            phase["writes"][who] += 1
+            phase["highest_write"] = max(phase["highest_write"] or 0, r["value"])
+            if "wall" in c and "wall" in r:
+                # The clock may jump once within a call: its highest reading is at most the
+                # call's reading plus the time spent (ms, rounded up) or the return's reading.
+                spent = -(-(r["t"] - c["t"]) // 1_000_000)
+                bound = max(c["wall"] + spent, r["wall"]) + allowed
+                if r["value"] > bound:
+                    problems.append(f"{c['timeline']}: write {r['value']} is "
+                                    f"{r['value'] - bound + allowed} ms ahead of its clock, "
+                                    f"more than the allowed {allowed} ms")
+    return problems, {"max_clock_skew_ms": allowed, "phases": table}
+
+
 def served_after_drop(paths: list[Path], dropped: list[tuple[str, int]]) -> list[str]:
     """Operations that succeeded on an incarnation after its tables were dropped."""
     gone = dict(dropped)
@@ -463,6 +557,8 @@ class Nemesis:
         self.flips: Recorder | None = None
         self.strict_at: float | None = None  # when reads stop being recorded as stale-read
         self.dropped: list[tuple[str, int]] = []  # (incarnation, when its tables were gone)
+        # (when, offset ms) of the shifted workers' clock, from the start: clock_report()
+        self.clock_phases: list[tuple[int, int]] = [(self.started, 0)]
         parts = urlsplit(url)
         self.database = parts.path.lstrip("/")
         self.schema = parse_qs(parts.query)["schema"][0]
@@ -539,11 +635,41 @@ class Nemesis:
         self.procs[paused].send_signal(signal.SIGCONT)
         self.fault("SIGCONT", process=paused)
 
+    def shift_clock(self, offset_ms: int) -> None:
+        """Set the shifted workers' clock `offset_ms` from the true time (from 0: a jump)."""
+        self.clock_phases.append((time.monotonic_ns(), offset_ms))  # before any worker sees it
+        self.control.write(clock_offset_ms=offset_ms)
+        what = "back to true time" if offset_ms == 0 else f"{offset_ms / 1000:+g} s"
+        self.fault(f"clock {what} on even workers")
+
     def lead(self, proc: int) -> None:
         """A take-over: `proc` becomes the designated legacy leader (no effect on distributed)."""
         self.control.write(leader=proc)
         if self.control.state["implementation"] == "legacy":
             self.fault("legacy take-over", leader=proc)
+
+    def took_over(self, proc: int) -> None:
+        """Wait until `proc`, just designated, has taken EpochMilliseconds over (legacy): the
+        next step must find it leading with whatever clock it has, however short the run."""
+        if self.control.state["implementation"] != "legacy":
+            return
+        since, path = time.monotonic_ns(), self.out / f"worker-{proc}.jsonl"
+        pending: set[str] = set()
+        while True:
+            for raw in path.read_text().splitlines():
+                try:
+                    rec = json.loads(raw)
+                except json.JSONDecodeError:
+                    continue
+                if rec["k"] == "call" and rec["op"] == "reset" and rec["t"] >= since \
+                        and rec["timeline"] == EPOCH_MILLISECONDS:
+                    pending.add(rec["id"])
+                elif rec["k"] == "ret" and rec["ok"] and rec["id"] in pending:
+                    self.fault("took over", leader=proc)
+                    return
+            if time.monotonic() > self.deadline:
+                raise Stalled(f"worker {proc} never took {EPOCH_MILLISECONDS} over")
+            time.sleep(0.02)
 
     def run(self) -> None:
         scenario = self.scenario
@@ -615,18 +741,27 @@ class Nemesis:
                 self.reprovision()
         elif scenario == "clock":
             self.at(0.3)
-            self.control.write(clock_offset_ms=-120_000)
-            self.fault("clock -120 s on even workers")
+            self.shift_clock(-120_000)
             self.at(0.45)
             self.lead(1)
             self.at(0.55)
-            self.control.write(clock_offset_ms=30_000)
-            self.fault("clock +30 s on even workers")
+            self.shift_clock(30_000)
             self.at(0.65)
             self.lead(2)
             self.at(0.8)
-            self.control.write(clock_offset_ms=0)
-            self.fault("clock back to true time")
+            self.shift_clock(0)
+        elif scenario in ("clock-jump-forward", "clock-jump-back"):
+            # The jump reaches the legacy leader (worker 0) and the distributed writers on even
+            # workers; leadership then moves to a true clock (1), back to a jumped one (2),
+            # and, after the jump is undone, to 3.
+            jump = CLOCK_JUMP_MS if scenario == "clock-jump-forward" else -CLOCK_JUMP_MS
+            for frac, action, arg in ((0.25, self.shift_clock, jump), (0.4, self.lead, 1),
+                                      (0.55, self.lead, 2), (0.7, self.shift_clock, 0),
+                                      (0.85, self.lead, 3)):
+                self.at(frac)
+                action(arg)
+                if action == self.lead:
+                    self.took_over(arg)
         elif scenario == "partition":
             assert self.ns is not None, "the partition scenario needs its network namespace"
             self.at(0.3)
@@ -731,7 +866,7 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
                 "--cap", str(cap_s)]
         if ns is not None and i == 0:
             argv += ["--retry-budget", str(PARTITION_BUDGET_S)]
-        if scenario == "clock" and i % 2 == 0:
+        if scenario in CLOCK_SCENARIOS and shifted(i):
             argv += ["--clock-skew"]
         if scenario == "reprovision":
             argv += ["--by-incarnation"]
@@ -774,6 +909,8 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
     paths = sorted(out.glob("worker-*.jsonl")) + sorted(out.glob("flips.jsonl"))
     problems, completed = invariants(paths)
     problems += served_after_drop(paths, nemesis.dropped)
+    clock_problems, clock = clock_report(paths, nemesis.clock_phases, started)
+    problems += clock_problems
     cut_off = None
     if nemesis.partition_window is not None:
         cut_off = partitioned_calls(out / "worker-0.jsonl", nemesis.partition_window, ended)
@@ -812,6 +949,10 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
                     for r in sorted({r for w in workers for r in w.get("retries", {})})},
         "replies_lost": sum(w.get("replies_lost", 0) for w in workers),
         "partitioned_calls": cut_off,
+        # Writes served and refused (ClockSkew) per clock phase, and what the metric counted.
+        "clock": {**clock, "counted": {op: sum(w.get("clock_skew_counted", {}).get(op, 0)
+                                               for w in workers)
+                                       for op in ("write_ts", "apply_write")}},
     }
     if checked["exit"] == 1:
         summary["visualization"] = str(out / "violation.html")

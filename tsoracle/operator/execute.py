@@ -7,7 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
 import kopf
@@ -55,10 +56,18 @@ def now_text() -> str:
 
 
 async def hold(backend: Backend, spec: OracleSpec, owner: Owner, old_status: dict[str, Any],
-               ref: str) -> Deployment:
+               ref: str, owner_exists: Callable[[str], Awaitable[bool]] | None = None
+               ) -> Deployment:
     """The deployment `owner` acts on: provisioned where something is missing, and claimed.
-    Raises OwnershipProblem where the schema is not, or no longer, this resource's."""
+    Raises OwnershipProblem where the schema is not, or no longer, this resource's.
+
+    A schema still owned by a resource that no longer exists (`owner_exists` says so: it was
+    deleted while its database could not be reached) is adopted like one nobody owns."""
     found = await find_deployment(backend)
+    orphaned = ""
+    if found is not None and found.owner and found.owner != owner.tag \
+            and owner_exists is not None and not await owner_exists(found.owner):
+        orphaned, found = found.owner, replace(found, owner="")
     check_ownership(found, owner, spec.schema, old_status)
     has_timelines = found is not None and await _has_timelines(backend, spec.timelines)
     if needs_provisioning(found, has_timelines):
@@ -68,9 +77,13 @@ async def hold(backend: Backend, spec: OracleSpec, owner: Owner, old_status: dic
             log.info("%s: provisioned schema %r: implementation %s, epoch %d, timelines "
                      "created %s", ref, spec.schema, made.deployment.implementation,
                      made.deployment.epoch, ", ".join(made.created) or "none")
-    dep = await claim(backend, owner.tag)
+    dep = await claim(backend, owner.tag, previous=orphaned)
     check_ownership(dep, owner, spec.schema, {})  # another resource seeded it first
-    if found is not None and not found.owner:
+    if orphaned:
+        log.info("%s: adopted schema %r from TimestampOracle %s, which no longer exists: "
+                 "implementation %s, epoch %d", ref, spec.schema,
+                 "/".join(orphaned.split("/")[:2]), dep.implementation, dep.epoch)
+    elif found is not None and not found.owner:
         log.info("%s: adopted schema %r (nobody owned it): implementation %s, epoch %d",
                  ref, spec.schema, dep.implementation, dep.epoch)
     return dep

@@ -26,6 +26,7 @@ from tsoracle.errors import ConfigError, OracleError
 from tsoracle.operator import catalog, execute, logs, metrics
 from tsoracle.operator.backends import SharedBackends
 from tsoracle.operator.kube import (
+    owner_exists,
     patch_status,
     read_catalog,
     read_secret_text,
@@ -248,7 +249,7 @@ async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
     seen.url = resource_url(seen.url, spec.schema)  # a mismatch is a BadURL, not an InvalidSpec
     backend = await rt.backends.get(seen.ref, seen.url)
     owner = Owner(seen.namespace, seen.name, str(seen.body.meta.get("uid") or ""))
-    dep = await execute.hold(backend, spec, owner, seen.old_status, seen.ref)
+    dep = await execute.hold(backend, spec, owner, seen.old_status, seen.ref, owner_exists)
     outcome.provisioned = True
     now = dt.datetime.now(dt.UTC)
     mark = HighWater.of(seen.old_status)
@@ -316,11 +317,18 @@ async def _publish(seen: _Reading, outcome: Outcome, story: logs.Story) -> bool:
     return applied
 
 
+# Set to "true" on a resource being deleted: its deletion finishes without touching the
+# database (docs/operator.md, Deletion).
+SKIP_CLEANUP = "tsoracle.io/skip-cleanup"
+
+
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def deleted(name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Meta,
-                  body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+                  body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
     """Honour deletionPolicy for what this resource owns: Delete drops tsoracle's tables,
-    Retain gives up ownership so that a new resource may adopt them. Nothing else is touched."""
+    Retain gives up ownership so that a new resource may adopt them. Nothing else is touched.
+    Only a Delete of a schema this resource provisioned waits for an unreachable database, and
+    the SKIP_CLEANUP annotation ends even that wait."""
     namespace = _namespaced(namespace)
     rt, ref = runtime(memo), f"{namespace}/{name}"
     try:
@@ -333,6 +341,12 @@ async def deleted(name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.
             log.info("%s: deletion waits for the operator holding the lease", ref)
             memo["deletion_waits_for_lease"] = True
         raise kopf.TemporaryError("another operator holds the lease", delay=rt.settings.retry_s)
+    if str((meta.get("annotations") or {}).get(SKIP_CLEANUP, "")).lower() == "true":
+        message = (f"clean-up skipped ({SKIP_CLEANUP}=true): schema {parsed.schema!r} is left "
+                   "as it is; a resource created later with it adopts it")
+        log.warning("%s: deleted; %s", ref, message)
+        kopf.warn(body, reason="DeletionSkipped", message=message)
+        return
     owner = Owner(namespace, name, str(meta.get("uid") or ""))
     what = "drop" if parsed.deletion_policy == "Delete" else "release"
     url = None
@@ -347,9 +361,22 @@ async def deleted(name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.
         log.warning("%s: deletion skipped: %s", ref, message)
         kopf.warn(body, reason="DeletionSkipped", message=message)
     except OracleError as exc:
-        message = (f"cannot {what} schema {parsed.schema!r} ({type(exc).__name__}: "
-                   f"{redact(str(exc), url)}); deletion waits and retries")
-        await _deletion_blocked(namespace, name, body, memo, message)
+        why = f"{type(exc).__name__}: {redact(str(exc), url)}"
+        if not (body.get("status") or {}).get("incarnation"):
+            log.info("%s: deleted; it never provisioned schema %r and its database cannot be "
+                     "reached (%s): nothing to %s", ref, parsed.schema, why, what)
+            return
+        if what == "release":
+            message = (f"schema {parsed.schema!r} is kept (deletionPolicy Retain), but its "
+                       f"ownership could not be released ({why}); a resource created later "
+                       "with it adopts it once this one is gone")
+            log.warning("%s: deleted; %s", ref, message)
+            kopf.warn(body, reason="DeletionSkipped", message=message)
+            return
+        message = (f"cannot drop schema {parsed.schema!r} ({why}); deletion waits and retries "
+                   f"every {rt.settings.retry_s:.0f} s. To finish it without dropping, set "
+                   f"spec.deletionPolicy: Retain, or annotate the resource {SKIP_CLEANUP}=true")
+        await _deletion_blocked(namespace, name, body, memo, message, retry)
         raise kopf.TemporaryError(f"{what} failed; retrying", delay=rt.settings.retry_s) \
             from None
     finally:
@@ -386,12 +413,15 @@ async def _drop_or_release(backend: Backend, spec: OracleSpec, owner: Owner, bod
 
 
 async def _deletion_blocked(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
-                            message: str) -> None:
-    """Tell a deletion the backend refused: the log once, an Event and status every retry."""
+                            message: str, retry: int) -> None:
+    """Tell a deletion the backend refused: the log once, a Warning Event at a backoff (the
+    1st, 2nd, 4th, 8th… attempt), the failure metric and status every attempt."""
     if memo.get("deletion_blocked") != message:  # once, not every retry
         log.warning("%s/%s: deletion blocked: %s", namespace, name, message)
         memo["deletion_blocked"] = message
-    kopf.warn(body, reason="DeletionBlocked", message=message)
+    if (retry + 1) & retry == 0:
+        kopf.warn(body, reason="DeletionBlocked", message=message)
+    metrics.FAILURES.labels("DeletionBlocked").inc()
     outcome = Outcome(degraded_reason="DeletionBlocked", degraded_message=message)
     await patch_status(namespace, name, status_patch(
         outcome, None, dict(body.get("status") or {}), int(body.meta.get("generation") or 0),

@@ -133,6 +133,26 @@ async def read_secret_text(namespace: str, name: str, key: str) -> str:
     return await asyncio.to_thread(read_secret_text_sync, api_client(), namespace, name, key)
 
 
+def _owner_exists_sync(namespace: str, name: str, uid: str) -> bool:
+    api = client.CustomObjectsApi(api_client())
+    try:
+        obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        if exc.status == 403:
+            return True  # cannot look there (a namespaced install): assume it is still in use
+        raise
+    return str((obj.get("metadata") or {}).get("uid") or "") == uid
+
+
+async def owner_exists(tag: str) -> bool:
+    """Whether the TimestampOracle named by an owner tag (`namespace/name/uid`) still exists:
+    one of that name with another uid is another resource."""
+    namespace, name, uid = (tag.split("/") + ["", "", ""])[:3]
+    return await asyncio.to_thread(_owner_exists_sync, namespace, name, uid)
+
+
 def _missing(exc: ApiException) -> bool:
     return exc.status == 404
 

@@ -102,14 +102,16 @@ async def find_deployment(backend: Backend) -> Deployment | None:
         return None
 
 
-async def claim(backend: Backend, owner: str) -> Deployment:
+async def claim(backend: Backend, owner: str, *, previous: str = "") -> Deployment:
     """Record `owner` on a deployment nobody owns (made by `tsoracle init`, or released by a
-    deleted resource); a deployment owned by someone else is left as it is.
+    deleted resource), or still owned by `previous`, a resource that no longer exists; a
+    deployment owned by someone else is left as it is.
 
     The generation recorded is the owner's (see `record_generation`): an adopting resource
     starts again from 0, or its generation 1 would look older than its predecessor's last."""
     await backend.fetch("UPDATE {deployment} SET owner = %(owner)s, generation = 0"
-                        " WHERE id = 1 AND owner = ''", {"owner": owner})
+                        " WHERE id = 1 AND owner = %(previous)s",
+                        {"owner": owner, "previous": previous})
     return await read_deployment(backend)
 
 

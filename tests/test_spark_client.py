@@ -144,3 +144,21 @@ def test_a_missing_resource_says_what_to_check(kube):
     assert "TimestampOracle default/no-such-oracle not found" in message
     assert "kubectl get tso -n default" in message
     assert "HTTPHeaderDict" not in message and "Traceback" not in message
+
+
+def test_a_missing_or_bad_kubeconfig_is_a_config_error_that_says_what_to_set(tmp_path):
+    """It once surfaced as a raw kubernetes ConfigException traceback (issue 28, item 7)."""
+    with pytest.raises(tsoracle.ConfigError, match="pass kubeconfig= the path"):
+        OracleClient.from_resource("orders", "default", kubeconfig=str(tmp_path / "none"))
+    bad = tmp_path / "bad"
+    bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    with pytest.raises(tsoracle.ConfigError, match="no usable Kubernetes configuration"):
+        OracleClient.from_resource("orders", "default", kubeconfig=str(bad))
+    unreachable = tmp_path / "unreachable"
+    unreachable.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    with pytest.raises(tsoracle.ConfigError, match="cannot reach the Kubernetes API server"):
+        OracleClient.from_resource("orders", "default", kubeconfig=str(unreachable))

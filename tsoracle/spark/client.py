@@ -58,6 +58,7 @@ class OracleClient:
                       timeline: str | None = None, **kwargs: Any) -> OracleClient:
         """Find the oracle through a TimestampOracle resource: its Secret and its status."""
         with needs_extra("operator", "finding the oracle through a TimestampOracle resource"):
+            import urllib3
             from kubernetes import client, config
 
         from tsoracle.resource import (
@@ -69,19 +70,30 @@ class OracleClient:
             resource_url,
         )
 
-        if kubeconfig:
-            api_client = config.new_client_from_config(kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            api_client = client.ApiClient()
+        try:
+            if kubeconfig:
+                api_client = config.new_client_from_config(kubeconfig)
+            else:
+                try:
+                    config.load_incluster_config()
+                except config.ConfigException:
+                    config.load_kube_config()
+                api_client = client.ApiClient()
+        except (config.ConfigException, OSError) as exc:
+            where = f"kubeconfig={kubeconfig!r}" if kubeconfig else (
+                "$KUBECONFIG or ~/.kube/config (outside a pod)")
+            raise ConfigError(f"no usable Kubernetes configuration in {where}: {exc}; pass "
+                              "kubeconfig= the path of a working kubeconfig, set $KUBECONFIG, "
+                              "or run inside a pod with a ServiceAccount") from None
         try:
             obj = cast(dict[str, Any], client.CustomObjectsApi(
                 api_client).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
         except client.exceptions.ApiException as exc:
             raise _resource_problem(exc, namespace, name) from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise ConfigError(f"cannot reach the Kubernetes API server of the kubeconfig "
+                              f"({type(exc).__name__}); check that the cluster is up and the "
+                              "kubeconfig's server address is right") from None
         spec = parse_spec(obj.get("spec") or {})
         status = obj.get("status") or {}
         if not status.get("activeImplementation"):

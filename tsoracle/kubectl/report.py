@@ -46,7 +46,7 @@ def report(api: Api, name: str, file: str | None, operator_logs: list[str],
     values, keys = _secret(api, obj, manifest, files)
     events = api.core.list_namespaced_event(
         api.namespace, field_selector=f"involvedObject.name={name}")
-    files[f"events.{manifest}"] = render([api.plain(e) for e in events.items], manifest)
+    files[f"events.{manifest}"] = render([_event(api.plain(e)) for e in events.items], manifest)
     files.update(_pod_logs(api))
     files.update(_local_logs(operator_logs))
     if not any(k.startswith("operator-") for k in files):
@@ -110,3 +110,15 @@ def _write_zip(out: str, files: dict[str, str], secrets: list[str]) -> None:
             z.writestr(fname, redact_texts(text, secrets))
     with open(out, "wb") as f:
         f.write(buf.getvalue())
+
+
+def _event(e: dict[str, Any]) -> dict[str, Any]:
+    """What a reader of an Event needs, oldest-first readable; not the API's bookkeeping (kopf
+    fills the required `action` with a placeholder, "Action?")."""
+    source = e.get("source") or {}
+    return {k: v for k, v in {
+        "time": e.get("lastTimestamp") or e.get("eventTime") or e.get("firstTimestamp"),
+        "type": e.get("type"), "reason": e.get("reason"), "message": e.get("message"),
+        "count": e.get("count"),
+        "from": e.get("reportingComponent") or source.get("component"),
+    }.items() if v not in (None, "")}

@@ -12,8 +12,17 @@ from typing import Any
 from tsoracle import errors, eventloop
 from tsoracle.extras import needs_extra
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
-from tsoracle.oracle import EPOCH_MILLISECONDS, connect, finish_rollout, flip, init, set_fencing
+from tsoracle.oracle import (
+    EPOCH_MILLISECONDS,
+    advance,
+    connect,
+    finish_rollout,
+    flip,
+    init,
+    set_fencing,
+)
 from tsoracle.oracle import status as read_status
+from tsoracle.oracle.advance import MAX_AHEAD_MS, MAX_COUNTER_JUMP
 from tsoracle.oracle.api import WriteTimestamp
 from tsoracle.oracle.operations import BY_COMMAND
 from tsoracle.oracle.options import DEFAULT_MAX_CLOCK_SKEW_MS
@@ -111,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--to", required=True, choices=IMPLEMENTATIONS,
                    help="the implementation to make active")
 
+    c = cmd("advance", "move a timeline forward after its database was restored (forward "
+            "only; docs/runbooks/timestamp-fallback.md)")
+    c.add_argument("--timeline", required=True, metavar="NAME", help="the timeline")
+    c.add_argument("--to", required=True, metavar="T",
+                   help="the next write timestamp will be above T and read_ts at least T: the "
+                        "highest timestamp any client saw, plus a margin; a T at or below the "
+                        "timeline's position changes nothing")
+    c.add_argument("--force", action="store_true",
+                   help=f"allow a counting timeline to jump more than {MAX_COUNTER_JUMP} "
+                        f"timestamps, or {EPOCH_MILLISECONDS} to go more than {MAX_AHEAD_MS} ms "
+                        "ahead of this machine's clock (writers refuse to follow beyond it)")
+
     c = cmd("fencing", "set the fencing mode of the deployment")
     c.add_argument("mode", choices=MODES, help="the new mode")
 
@@ -201,6 +222,11 @@ async def _run(args: argparse.Namespace) -> int:
     if args.command == "flip":
         emit(await flip(args.url, to=args.to), out, _flip_text)
         return 0
+    if args.command == "advance":
+        done = await advance(args.url, timeline=args.timeline, to=_timestamp("--to", args.to),
+                             force=args.force)
+        emit(done, out, _advance_text)
+        return 0
     if args.command == "fencing":
         dep = await set_fencing(args.url, args.mode)
         emit({"deployment": dep}, out,
@@ -232,6 +258,23 @@ def _flip_text(r: dict[str, Any]) -> str:
     lines += [f"  {timeline}: bootstrapped to {ts}"
               for timeline, ts in sorted(r["bootstrap"].items())]
     return "\n".join(lines)
+
+
+def _advance_text(r: dict[str, Any]) -> str:
+    if not r["changed"]:
+        return (f"{r['timeline']} is already at {r['before']}, at or above {r['to']}: "
+                "nothing changed")
+    fenced = (f"; epoch {r['epoch']}: legacy leaders were fenced and reopen above it"
+              if r["fenced"] else "")
+    return f"advanced {r['timeline']} from {r['before']} to {r['after']}{fenced}"
+
+
+def _timestamp(flag: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise errors.ConfigError(f"{flag} {text!r} is not a timestamp: give an integer") \
+            from None
 
 
 async def _ts(args: argparse.Namespace) -> int:

@@ -156,6 +156,29 @@ class TimestampExhausted(OracleError):
                    "start a new timeline")
 
 
+class TimestampFallback(OracleUnavailable):
+    """The oracle's database answered a timestamp below one this process already saw: it went
+    back in time (restored from a backup, a point-in-time recovery). Nothing below is handed
+    out; calls fail until the timeline is moved forward (`tsoracle advance`, or the operator),
+    then succeed again on the same oracle. Not `Fenced`: reopening would find the same rows."""
+
+    RUNBOOK = "docs/runbooks/timestamp-fallback.md"
+
+    def __init__(self, timeline: str, kind: str, got: int, seen: int) -> None:
+        self.timeline, self.kind, self.got, self.seen = timeline, kind, got, seen
+        bound = "at or below" if kind == "write_ts" else "below"
+        super().__init__(
+            f"timeline {timeline!r}: the oracle's database went back in time (restored?): its "
+            f"{kind} is {got}, {bound} {seen} that this process already saw, so nothing was "
+            f"handed out; run `tsoracle advance --timeline {timeline} --to T` with T at or "
+            f"above the highest timestamp any client saw (this process: {seen}), or let the "
+            f"operator repair it; see {self.RUNBOOK}"
+        )
+
+    def __reduce__(self) -> tuple[type[TimestampFallback], tuple[str, str, int, int]]:
+        return (type(self), (self.timeline, self.kind, self.got, self.seen))
+
+
 class MissingExtra(ConfigError):
     """A command needs an optional part of tsoracle that is not installed."""
 

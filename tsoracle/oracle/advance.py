@@ -31,14 +31,12 @@ MAX_AHEAD_MS = 60_000
 @dataclass(frozen=True)
 class AdvanceResult:
     timeline: str
+    to: int  # the target asked for
     before: int  # the highest read_ts/write_ts over the implementations' rows, before
-    after: int  # the same, afterwards (== before: nothing changed)
+    after: int  # the same, afterwards
+    changed: bool  # False: the target was at or below `before`, nothing was written
     epoch: int  # the deployment epoch afterwards
     fenced: bool  # the epoch was bumped: live legacy leaders must reopen (see advance_timelines)
-
-    @property
-    def changed(self) -> bool:
-        return self.after > self.before
 
 
 async def positions(backend: Backend) -> dict[str, int]:
@@ -113,9 +111,9 @@ async def advance_timelines(backend: Backend, targets: Mapping[str, int], *,
             # leader's error Fenced, which a reopening client retries, not LeadershipLost.
             await tx.fetch("UPDATE {timestamps} SET epoch = %(epoch)s,"
                            " leader_epoch = leader_epoch + 1", {"epoch": epoch})
-        return {name: AdvanceResult(name, before[name], moving.get(name, before[name]),
-                                    epoch, fenced)
-                for name in wanted}
+        return {name: AdvanceResult(name, to, before[name], moving.get(name, before[name]),
+                                    name in moving, epoch, fenced)
+                for name, to in wanted.items()}
 
     return await backend.transaction(body)
 

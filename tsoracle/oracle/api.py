@@ -18,7 +18,7 @@ from tsoracle.errors import (
     ReadOnly,
 )
 from tsoracle.fencing import Deployment
-from tsoracle.oracle import metrics
+from tsoracle.oracle import highwater, metrics
 from tsoracle.oracle.timeline import Timeline
 from tsoracle.store import U64_MAX, Backend
 
@@ -89,6 +89,10 @@ class TimestampOracle(ABC):
         self._idle = asyncio.Event()
         self._idle.set()
         metrics.EPOCH.set((timeline.name,), deployment.epoch)
+        # What this process saw of the timeline, shared by its oracles (oracle/highwater.py);
+        # the fallback series exists from the start, so a rate over it is 0, not "no data".
+        self._mark = highwater.mark_for(backend, deployment.incarnation, timeline.name)
+        metrics.FALLBACK.inc(timeline.name, amount=0)
 
     @property
     def epoch(self) -> int:
@@ -139,6 +143,7 @@ class TimestampOracle(ABC):
         check_ts(ts)
         self._check_skew("apply_write", ts)
         await self._observe("apply_write", lambda: self._apply_write(ts))
+        self._mark.saw_read(ts)  # read_ts >= ts and write_ts >= ts from now on
 
     async def confirm_leadership(self) -> None:
         """Raise Fenced unless the storage shows this process is still current."""

@@ -100,14 +100,27 @@ class DistributedOracle(TimestampOracle):
         if self.timeline.wall_clock and self.max_clock_skew_ms is not None:
             ceiling = min(U64_MAX, now + self.max_clock_skew_ms)
         enc = self.backend.enc
+        mark = self._mark
+        floor = mark.write  # before the statement: see oracle/highwater.py
         rows = await self._fetch("write", now=enc(now), max=enc(U64_MAX), ceiling=enc(ceiling))
         if not rows:
             raise await self._why_no_write(now)
         ts = self.backend.dec(rows[0][0])
+        if ts > mark.write:
+            mark.write = ts
+        elif ts <= floor:
+            raise mark.fell("write_ts", ts, floor)
         return WriteTimestamp(ts, ts + 1)
 
     async def _peek_write_ts(self) -> int:
-        return await self._guarded_value(await self._fetch("peek"))
+        mark = self._mark
+        floor = mark.write
+        ts = await self._guarded_value(await self._fetch("peek"))
+        if ts > mark.write:
+            mark.write = ts
+        elif ts < floor:
+            raise mark.fell("write_ts", ts, floor)
+        return ts
 
     async def _read_ts(self) -> int:
         if self._reads is None:
@@ -115,7 +128,14 @@ class DistributedOracle(TimestampOracle):
         return await self._reads.call()
 
     async def _query_read(self, conn: Pinned | None) -> int:
-        return await self._guarded_value(await self._fetch_on("read", conn))
+        mark = self._mark
+        floor = mark.read
+        ts = await self._guarded_value(await self._fetch_on("read", conn))
+        if ts > mark.read:
+            mark.saw_read(ts)
+        elif ts < floor:
+            raise mark.fell("read_ts", ts, floor)
+        return ts
 
     async def _guarded_value(self, rows: list[tuple[Any, ...]]) -> int:
         """The timestamp of a `SELECT value, guard` row, or the reason there is none."""

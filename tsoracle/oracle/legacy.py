@@ -59,7 +59,17 @@ class LegacyOracle(TimestampOracle):
 
     async def start(self) -> None:
         """Take over the timeline; a previous leader is fenced from now on."""
+        mark = self._mark
+        read_floor, write_floor = mark.read, mark.write
         state = await self.leadership.start()
+        # The rows went back below what this process saw (a restored database): resuming from
+        # them would hand out again what a leader here already did (oracle/highwater.py).
+        if state.upper < write_floor:
+            raise mark.fell("write_ts", state.upper, write_floor)
+        if state.read_ts < read_floor:
+            raise mark.fell("read_ts", state.read_ts, read_floor)
+        mark.saw_read(state.read_ts)
+        mark.saw_write(state.upper)
         # The old leader may have handed out anything up to its reserved upper, and every read
         # it returned was persisted first: reads resume there, writes above the upper.
         self._read = state.read_ts
@@ -126,6 +136,7 @@ class LegacyOracle(TimestampOracle):
                 return
             target = min(U64_MAX, needed + self.window)
             self._upper = await self.leadership.reserve(target, self._read)
+            self._mark.saw_write(self._upper)  # everything it hands out is at or below
 
     def _maybe_prefetch(self) -> None:
         # Reserve the next window in the background once half of this one is used, so callers

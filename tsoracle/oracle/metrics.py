@@ -159,9 +159,13 @@ LEADER_EPOCH = Family("tsoracle_leader_epoch", "Legacy leader epoch held by this
 READ_LAG = Family("tsoracle_read_ts_lag_milliseconds",
                   "Wall clock minus the last read_ts returned (EpochMilliseconds timeline)",
                   ("timeline",), "gauge")
+FALLBACK = Family("tsoracle_timestamp_fallback",
+                  "Answers refused because the database went below a timestamp this process saw "
+                  "(a restore?)", ("timeline",), "counter")
 
 REGISTRY.register(_Collector([STARTED, SUCCEEDED, FAILED, LATENCY, BATCH_SIZE, BACKEND_QUERIES,
-                              RETRIES, CONFIRM_LATENCY, FENCED, EPOCH, LEADER_EPOCH, READ_LAG]))
+                              RETRIES, CONFIRM_LATENCY, FENCED, EPOCH, LEADER_EPOCH, READ_LAG,
+                              FALLBACK]))
 
 
 def serve_metrics(port: int, addr: str = "127.0.0.1") -> int:

@@ -251,17 +251,24 @@ def test_the_high_water_mark_only_rises_and_measures_the_fastest_advance():
     mark = mark.after({"c": 300}, t0 + dt.timedelta(seconds=2))  # 100 per second
     mark = mark.after({"c": 350}, t0 + dt.timedelta(seconds=3))  # 50 per second
     assert mark.positions == {"c": 350} and mark.peaks == {"c": 100.0}
+    mark = mark.counted(12)
     assert HighWater.of({"highWater": mark.published()}) == mark
 
 
 def test_a_backend_below_the_mark_is_moved_above_what_could_have_been_handed_out():
-    mark = HighWater(NOW, {"c": 1000, "EpochMilliseconds": 5000}, {"c": 100.0})
+    mark = HighWater(NOW, {"counter:c": 1000, "EpochMilliseconds": 5000}, {"counter:c": 100.0}, passes=7)
     later = NOW + dt.timedelta(seconds=10)
-    assert rewind_targets(mark, {"c": 1000, "EpochMilliseconds": 5000}, 3, 3, later) == {}
-    # One timeline below: the whole database was restored, every timeline moves.
-    assert rewind_targets(mark, {"c": 400, "EpochMilliseconds": 5000}, 3, 3, later) == {
-        "c": 1000 + 100 * 10 * 2 + 1000, "EpochMilliseconds": 5000 + 1000}
-    # An epoch below the published one is a restore too, even with the timelines above.
-    assert rewind_targets(mark, {"c": 2000, "EpochMilliseconds": 6000}, 2, 3, later) != {}
+    positions = {"counter:c": 1000, "EpochMilliseconds": 5000}
+    assert rewind_targets(mark, positions, 3, 3, 7, later) == {}
+    # One timeline below: the whole database was restored, every timeline moves. A counter by
+    # what it could have handed out since the mark; EpochMilliseconds by the floor only (its
+    # writers never go below the wall clock, which has moved on).
+    want = {"counter:c": 1000 + 100 * 10 * 2 + 1000, "EpochMilliseconds": 5000 + 1000}
+    assert rewind_targets(mark, {**positions, "counter:c": 400}, 3, 3, 7, later) == want
+    # Fewer passes counted than published: restored, although writers (whose refused writes
+    # still move the row) pushed the counter back above the mark.
+    assert rewind_targets(mark, {**positions, "counter:c": 5000}, 3, 3, 5, later) == want
+    # An epoch below the published one is a restore too.
+    assert rewind_targets(mark, positions, 2, 3, 7, later) == want
     # No mark yet (the first pass): nothing to compare with.
-    assert rewind_targets(HighWater(), {"c": 0}, 1, 3, later) == {}
+    assert rewind_targets(HighWater(), {"counter:c": 0}, 1, 3, 0, later) == {}

@@ -25,6 +25,8 @@ from tsoracle_dev.kube import condition, is_ready
 COUNTER = "counter:orders"
 MS = "EpochMilliseconds"
 REPAIR_BOUND_S = 30.0  # the goal: Ready again this soon after the restore, no human step
+# Passes 3 s apart: the live writers meet the restored rows before the operator repairs them.
+REFRESH_S = 3
 
 
 @dataclass
@@ -73,7 +75,7 @@ def _resource(schema: str) -> str:
         "apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
         "metadata": {"name": "restored"},
         "spec": {"backend": {"urlSecretRef": {"name": "oracle-db"}, "schema": schema},
-                 "timelines": [MS, COUNTER], "statusRefreshSeconds": 1}})
+                 "timelines": [MS, COUNTER], "statusRefreshSeconds": REFRESH_S}})
 
 
 def _pg_tool(pg, name: str, *args: str) -> None:
@@ -102,7 +104,7 @@ def test_a_restored_database_is_moved_forward_and_nothing_is_handed_out_twice(
         # What a backup holds: the rows as they were now. Writers run on.
         dsn = oracle_ns.url.replace("tsoracle-test-pw", "")  # PGPASSWORD carries it
         _pg_tool(pg, "pg_dump", "--data-only", "-n", schema, "-f", str(dump), "-d", dsn)
-        time.sleep(3)  # several operator passes see the timelines above the dump
+        time.sleep(2 * REFRESH_S)  # operator passes see the timelines above the dump
         assert all(w.seen for w in live)
         restored_at = time.monotonic()
         _pg_tool(pg, "psql", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-q", "-d", dsn,
@@ -118,7 +120,10 @@ def test_a_restored_database_is_moved_forward_and_nothing_is_handed_out_twice(
         counts = [len(w.seen) for w in live]
         deadline = time.monotonic() + 30
         while any(len(w.seen) < c + 20 for w, c in zip(live, counts, strict=True)):
-            assert time.monotonic() < deadline, "live writers did not resume after the repair"
+            assert time.monotonic() < deadline, (
+                "live writers did not resume after the repair",
+                [(w.timeline, len(w.seen), c, w.fallbacks, w.errors[-1:]) for w, c in
+                 zip(live, counts, strict=True)], healed["status"].get("timelines"))
             time.sleep(0.1)
         late = Writer(url, COUNTER).start()  # a process started after the repair
         while len(late.seen) < 50:
@@ -131,9 +136,12 @@ def test_a_restored_database_is_moved_forward_and_nothing_is_handed_out_twice(
         handed = [t for w in [*live, late] if w.timeline == timeline for t in w.seen]
         assert len(handed) == len(set(handed)), f"{timeline}: a timestamp handed out twice"
     assert not [e for w in [*live, late] for e in w.errors if "TimestampFallback" not in e]
-    # The live counter writers stopped instead of reusing, and it was counted.
-    assert sum(w.fallbacks for w in live if w.timeline == COUNTER) > 0
-    assert tsoracle.oracle.metrics.FALLBACK.total() > fallbacks_before
+    # Each refused answer is counted. (How many there are depends on timing: an apply_write of
+    # a timestamp handed out before the restore raises the restored row to it, as the contract
+    # says, so the writers of this one process soon get answers above what they saw. That the
+    # refusal itself works: tests/test_restore_safety.py.)
+    refused = sum(w.fallbacks for w in [*live, late])
+    assert tsoracle.oracle.metrics.FALLBACK.total() - fallbacks_before == refused
     assert _operator_metric(oracle_ns.operator.metrics_port,
                             "tsoracle_operator_backend_rewinds_total") >= 1
     dep = asyncio.run(tsoracle.status(url)).deployment

@@ -186,3 +186,16 @@ async def fence_everyone(backend: Backend, *, above: int = 0) -> Deployment:
         return await read_deployment(tx)
 
     return await backend.transaction(body)
+
+
+async def count_pass(backend: Backend, at_least: int) -> tuple[int, int]:
+    """Count an operator pass in the deployment row: (the count the row held, the count now,
+    at least `at_least`). The row's count is the database's own memory of how many passes it
+    saw; a restore takes it back with everything else, so a count below the one the operator
+    published (outside the database) is how a restore is told even after writers have pushed
+    the timestamps back up."""
+    before = int((await backend.fetch("SELECT operator_pass FROM {deployment} WHERE id = 1"))
+                 [0][0])
+    await backend.fetch("UPDATE {deployment} SET operator_pass = GREATEST(operator_pass,"
+                        " %(n)s) WHERE id = 1", {"n": at_least})
+    return before, max(before, at_least)

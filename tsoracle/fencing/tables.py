@@ -46,7 +46,8 @@ _DDL = (
     rollout BOOLEAN NOT NULL,
     incarnation TEXT NOT NULL DEFAULT '',
     owner TEXT NOT NULL DEFAULT '',
-    generation BIGINT NOT NULL DEFAULT 0
+    generation BIGINT NOT NULL DEFAULT 0,
+    operator_pass BIGINT NOT NULL DEFAULT 0
 )""",
     """CREATE TABLE IF NOT EXISTS {timestamps} (
     timeline TEXT NOT NULL,
@@ -69,11 +70,12 @@ ON CONFLICT (id) DO NOTHING
 """
 # Columns added after the first release, with what older rows get: the empty incarnation (their
 # clients keep working; a later drop and re-provision still gets a fresh one), no owner (the
-# first operator resource to reconcile adopts it), generation 0.
+# first operator resource to reconcile adopts it), generation 0, no operator pass counted.
 ADDED_COLUMNS = (
     ("deployment", "incarnation", "TEXT NOT NULL DEFAULT ''"),
     ("deployment", "owner", "TEXT NOT NULL DEFAULT ''"),
     ("deployment", "generation", "BIGINT NOT NULL DEFAULT 0"),
+    ("deployment", "operator_pass", "BIGINT NOT NULL DEFAULT 0"),
     ("timestamps", "incarnation", "TEXT NOT NULL DEFAULT ''"),
 )
 

@@ -17,12 +17,14 @@ from kubernetes.client.exceptions import ApiException
 from tsoracle.fencing import (
     IMPLEMENTATIONS,
     Deployment,
+    count_pass,
     fence_everyone,
     finish_rollout,
     read_deployment,
     record_generation,
     set_fencing,
 )
+from tsoracle.fencing.tables import ADDED_COLUMNS
 from tsoracle.operator import catalog, kube, metrics
 from tsoracle.operator.logs import describe_api_error
 from tsoracle.operator.model import (
@@ -46,7 +48,7 @@ from tsoracle.oracle.advance import advance_timelines, positions
 from tsoracle.oracle.flip import flip_backend
 from tsoracle.oracle.provision import claim, find_deployment, provision
 from tsoracle.resource import OracleSpec
-from tsoracle.store import Backend
+from tsoracle.store import Backend, schema
 
 log = logging.getLogger("tsoracle.operator")
 
@@ -94,27 +96,30 @@ async def _has_timelines(backend: Backend, timelines: tuple[str, ...]) -> bool:
     return set(timelines) <= {r[0] for r in rows}
 
 
-async def repair_rewind(backend: Backend, dep: Deployment, mark: HighWater,
-                        published_epoch: int, now: dt.datetime, ref: str,
-                        body: kopf.Body) -> Deployment | None:
-    """Move a backend that went back in time (restored from a backup or to an earlier point)
-    above everything handed out before, and fence every process, as a flip does; return the
-    deployment after, or None when the backend did not go back."""
+async def guard_rewind(backend: Backend, dep: Deployment, mark: HighWater,
+                       published_epoch: int, now: dt.datetime, ref: str,
+                       body: kopf.Body) -> tuple[Deployment | None, int]:
+    """Count this pass in the database, and move a backend that went back in time (restored
+    from a backup or to an earlier point) above everything handed out before, fencing every
+    process as a flip does. Returns the deployment after a repair (None: no repair) and the
+    pass count to publish."""
+    await schema.add_columns(backend, ADDED_COLUMNS)  # a schema from an earlier release
     found = await positions(backend)
-    targets = rewind_targets(mark, found, dep.epoch, published_epoch, now)
+    counted, passes = await count_pass(backend, mark.passes + 1)
+    targets = rewind_targets(mark, found, dep.epoch, published_epoch, counted, now)
     if not targets:
-        return None
+        return None, passes
     moved = await advance_timelines(backend, targets, force=True)
     after = await fence_everyone(backend, above=published_epoch)
     metrics.REWINDS.inc()
     said = ", ".join(f"{k} {found.get(k, 0)} -> {r.after}" for k, r in sorted(moved.items()))
-    message = (f"the database went back in time (restored?): epoch {dep.epoch} (published "
-               f"{published_epoch}), timelines below the high-water mark; moved forward above "
-               f"everything handed out before ({said}) and fenced every process at epoch "
-               f"{after.epoch}")
+    message = (f"the database went back in time (restored?): it counted {counted} operator "
+               f"passes of {mark.passes}, epoch {dep.epoch} (published {published_epoch}); "
+               f"moved every timeline above what was handed out before ({said}) and fenced "
+               f"every process at epoch {after.epoch}")
     log.warning("%s: %s", ref, message)
     kopf.warn(body, reason="BackendRewound", message=message)
-    return after
+    return after, passes
 
 
 @dataclass

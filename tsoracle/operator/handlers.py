@@ -253,8 +253,8 @@ async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
     outcome.provisioned = True
     now = dt.datetime.now(dt.UTC)
     mark = HighWater.of(seen.old_status)
-    repaired = await execute.repair_rewind(backend, dep, mark, int(seen.old_status.get("epoch")
-                                                                   or 0), now, seen.ref, seen.body)
+    repaired, passes = await execute.guard_rewind(
+        backend, dep, mark, int(seen.old_status.get("epoch") or 0), now, seen.ref, seen.body)
     dep = repaired or dep
     cat = await _observe_catalog(seen, spec, owner, stored, rt.settings.catalog_image)
     todo = plan(Observation(spec, dep, seen.old_status, seen.generation, now, cat))
@@ -269,7 +269,8 @@ async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
     outcome.bootstrap, outcome.flip_time = done.bootstrap, done.flip_time
     outcome.status = await read_status(backend, wall_clock_ms)
     found = await positions(backend)
-    outcome.high_water = mark.restarted(found, now) if repaired else mark.after(found, now)
+    outcome.high_water = (mark.restarted(found, now) if repaired
+                          else mark.after(found, now)).counted(passes)
     outcome.rollout = outcome.status.deployment.rollout
     outcome.catalog = catalog_outcome(spec, cat, done.catalog_applied, done.catalog_rejected,
                                       outcome.status.deployment.implementation)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tsoracle.errors import ConfigError, OracleError, OracleUnavailable
@@ -16,6 +16,7 @@ from tsoracle.operator import catalog
 from tsoracle.operator.ownership import Owner, OwnershipProblem
 from tsoracle.operator.redact import redact
 from tsoracle.oracle.status import Status
+from tsoracle.oracle.timeline import parse_timeline
 from tsoracle.resource import OracleSpec, SecretProblem
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -232,11 +233,13 @@ REWIND_FLOOR = 1000
 @dataclass(frozen=True)
 class HighWater:
     """status.highWater: per timeline the highest position (read_ts or write_ts of any
-    implementation) a pass saw and the fastest advance seen between passes, per second."""
+    implementation) a pass saw and the fastest advance seen between passes, per second; and
+    how many passes the database has counted (`fencing.count_pass`)."""
 
     time: dt.datetime | None = None
     positions: Mapping[str, int] = field(default_factory=dict)
     peaks: Mapping[str, float] = field(default_factory=dict)
+    passes: int = 0
 
     @classmethod
     def of(cls, status: Mapping[str, Any]) -> HighWater:
@@ -246,7 +249,8 @@ class HighWater:
         when = dt.datetime.strptime(hw["time"], TIME_FORMAT).replace(tzinfo=dt.UTC)
         marks = hw.get("timelines") or {}
         return cls(when, {k: int(v.get("position") or 0) for k, v in marks.items()},
-                   {k: float(v.get("peakPerSecond") or 0) for k, v in marks.items()})
+                   {k: float(v.get("peakPerSecond") or 0) for k, v in marks.items()},
+                   int(hw.get("passes") or 0))
 
     def after(self, positions: Mapping[str, int], now: dt.datetime) -> HighWater:
         """The mark after a pass that found `positions` (it never goes down)."""
@@ -257,32 +261,48 @@ class HighWater:
             if before is not None and since > 0:
                 peaks[name] = max(peaks.get(name, 0.0), (at - before) / since)
             marks[name] = max(at, before or 0)
-        return HighWater(now, marks, peaks)
+        return HighWater(now, marks, peaks, self.passes)
 
     def restarted(self, positions: Mapping[str, int], now: dt.datetime) -> HighWater:
         """The mark after a repair moved the backend: no advance is measured across it."""
         marks = {k: max(v, self.positions.get(k, 0)) for k, v in positions.items()}
-        return HighWater(now, marks, dict(self.peaks))
+        return HighWater(now, marks, dict(self.peaks), self.passes)
+
+    def counted(self, passes: int) -> HighWater:
+        return replace(self, passes=passes)
 
     def published(self) -> dict[str, Any]:
         marks = {k: {"position": str(v), "peakPerSecond": f"{self.peaks.get(k, 0.0):.3f}"}
                  for k, v in sorted(self.positions.items())}
         return {"time": self.time.strftime(TIME_FORMAT) if self.time else None,
-                "timelines": marks}
+                "passes": self.passes, "timelines": marks}
 
 
 def rewind_targets(mark: HighWater, positions: Mapping[str, int], epoch: int,
-                   published_epoch: int, now: dt.datetime) -> dict[str, int]:
+                   published_epoch: int, counted_passes: int,
+                   now: dt.datetime) -> dict[str, int]:
     """Where to move each timeline when the backend went back in time (restored from a backup
-    or to an earlier point): a timeline below the mark, or an epoch below the one published.
-    Empty when it did not. Every timeline of the mark moves: one restored row means the whole
-    database was."""
+    or to an earlier point): it counted fewer operator passes than the mark, a timeline is
+    below the mark, or the epoch is below the one published. Empty when it did not. Every
+    timeline of the mark moves: one restored row means the whole database was.
+
+    The pass count tells a restore even after writers pushed a counter back above the mark
+    (each write they refuse still moves the row). A counter may have handed out, since the
+    mark, as much as it ever did in that time; EpochMilliseconds only up to the wall clock,
+    and its writers never go below the wall clock, so the mark alone covers it."""
     behind = any(at < mark.positions.get(name, 0) for name, at in positions.items())
-    if mark.time is None or not (behind or epoch < published_epoch):
+    if mark.time is None or not (behind or epoch < published_epoch
+                                 or counted_passes < mark.passes):
         return {}
     since = max(0.0, (now - mark.time).total_seconds())
-    return {name: top + math.ceil(mark.peaks.get(name, 0.0) * since * REWIND_SAFETY)
-            + REWIND_FLOOR for name, top in mark.positions.items() if name in positions}
+    targets = {}
+    for name, top in mark.positions.items():
+        if name not in positions:
+            continue
+        ahead = 0 if parse_timeline(name).wall_clock else \
+            math.ceil(mark.peaks.get(name, 0.0) * since * REWIND_SAFETY)
+        targets[name] = top + ahead + REWIND_FLOOR
+    return targets
 
 
 @dataclass(frozen=True)
@@ -428,7 +448,7 @@ def status_patch(outcome: Outcome, spec: OracleSpec | None, old_status: Mapping[
 
 # The status fields a pass's patch must find as the pass read them: a pass that published in
 # between (a newer generation, a flip) must not be overwritten by an older view.
-GUARDED_STATUS = ("observedGeneration", "epoch")
+GUARDED_STATUS = ("observedGeneration", "epoch", "highWater")
 
 
 def status_expectations(old_status: Mapping[str, Any]) -> dict[str, Any]:

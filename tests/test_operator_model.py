@@ -256,7 +256,8 @@ def test_the_high_water_mark_only_rises_and_measures_the_fastest_advance():
 
 
 def test_a_backend_below_the_mark_is_moved_above_what_could_have_been_handed_out():
-    mark = HighWater(NOW, {"counter:c": 1000, "EpochMilliseconds": 5000}, {"counter:c": 100.0}, passes=7)
+    mark = HighWater(NOW, {"counter:c": 1000, "EpochMilliseconds": 5000}, {"counter:c": 100.0},
+                     passes=7)
     later = NOW + dt.timedelta(seconds=10)
     positions = {"counter:c": 1000, "EpochMilliseconds": 5000}
     assert rewind_targets(mark, positions, 3, 3, 7, later) == {}

@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.kubectl import build_parser
 from tsoracle.kubectl.api import PluginError, condition
-from tsoracle.kubectl.fencing import SPELLINGS, fencing_args
+from tsoracle.kubectl.fencing import fencing_args
 from tsoracle.kubectl.printer import print_, progress
 from tsoracle.kubectl.report import _pod_logs
 from tsoracle.kubectl.status import list_text, one_text, summary
@@ -98,8 +98,13 @@ def test_the_list_in_text():
 
 
 def test_names_come_from_the_fencing_module():
-    assert {SPELLINGS[m] for m in MODES} == set(MODES)
-    assert set(SPELLINGS.values()) == set(MODES)
+    # One list, any case, for the CLI and the plugin (`tsoracle fencing always` was refused).
+    for mode in MODES:
+        for typed in (mode, mode.lower(), mode.upper()):
+            assert fencing_args("orders", typed) == ("orders", mode)
+            assert fencing_args(typed, "orders") == ("orders", mode)
+    assert fencing_args("ON", "orders") == ("orders", "Always")
+    assert fencing_args("orders", "off") == ("orders", "Disabled")
     flip = next(a for a in build_parser()._subparsers._group_actions[0].choices["flip"]._actions
                 if a.dest == "to")
     assert tuple(flip.choices) == IMPLEMENTATIONS

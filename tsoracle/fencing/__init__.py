@@ -3,6 +3,8 @@
 from tsoracle.fencing.leader import Leadership, Start
 from tsoracle.fencing.modes import (
     IMPLEMENTATIONS,
+    MODE_ALIASES,
+    MODE_WARNINGS,
     MODES,
     Deployment,
     check_implementation,
@@ -13,6 +15,7 @@ from tsoracle.fencing.modes import (
     finish_rollout,
     lock_deployment,
     moved,
+    parse_mode,
     read_deployment,
     record_generation,
     set_fencing,
@@ -22,6 +25,8 @@ from tsoracle.fencing.tables import ensure_tables, tables_exist
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "MODE_ALIASES",
+    "MODE_WARNINGS",
     "MODES",
     "Deployment",
     "Leadership",
@@ -36,6 +41,7 @@ __all__ = [
     "finish_rollout",
     "lock_deployment",
     "moved",
+    "parse_mode",
     "read_deployment",
     "record_generation",
     "set_fencing",

@@ -73,6 +73,26 @@ async def read_deployment(db: Backend | Tx, *, for_update: bool = False) -> Depl
                       str(owner), int(generation))
 
 
+# What a user may type for a mode, in any case: the modes, and on/off (the plugin's first
+# spelling). One list for the CLI and the plugin.
+MODE_ALIASES = {"on": "Always", "off": "Disabled"}
+# What a mode gives up, said where it is set (CLI and plugin).
+MODE_WARNINGS = {
+    "Disabled": "warning: with fencing Disabled a legacy leader no longer confirms its "
+                "leadership before answering from memory: after a flip or a take-over, one "
+                "superseded leader can serve stale reads for up to a second (timestamps stay "
+                "unique)",
+    "Rollout": "note: after each flip, processes on the old epoch are fenced only for the "
+               "rollout window (spec.rolloutWindowSeconds; `tsoracle finish-rollout` ends it)",
+}
+
+
+def parse_mode(text: str) -> str | None:
+    """The mode `text` names (any case, or on/off), or None."""
+    spelled = {m.lower(): m for m in MODES} | MODE_ALIASES
+    return spelled.get(text.strip().lower())
+
+
 def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ConfigError(f"fencing mode {mode!r} is not one of {', '.join(MODES)}")

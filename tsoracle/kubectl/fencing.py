@@ -4,33 +4,24 @@ from __future__ import annotations
 
 import argparse
 
-from tsoracle.fencing import MODES
+from tsoracle.fencing import MODE_ALIASES, MODE_WARNINGS, MODES, parse_mode
 from tsoracle.kubectl.api import Api, PluginError
 from tsoracle.kubectl.printer import note, print_
-
-# on/off: the plugin's first spelling, kept for the scripts that use it.
-ALIASES = {"on": "Always", "off": "Disabled"}
-SPELLINGS = {**{m: m for m in MODES}, **ALIASES}
 
 
 def _either(words: list[str]) -> str:
     return f"{', '.join(words[:-1])} or {words[-1]}"
 
 
-_EQUALS = ", ".join(f"{alias} = {mode}" for alias, mode in ALIASES.items())
-HELP = f"set spec.fencing: {_either(list(MODES))} ({_EQUALS})"
-WARNINGS = {
-    "Disabled": "warning: with fencing off a superseded legacy leader can serve stale reads "
-                "for up to a second (timestamps stay unique)",
-    "Rollout": "note: after each flip, processes on the old epoch are fenced only for "
-               "spec.rolloutWindowSeconds",
-}
+_EQUALS = ", ".join(f"{alias} = {mode}" for alias, mode in MODE_ALIASES.items())
+HELP = f"set spec.fencing: {_either(list(MODES))}, in any case ({_EQUALS})"
 
 
 def flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("first", metavar="NAME", help="the resource")
     c.add_argument("second", metavar="MODE",
-                   help=f"{_either(list(SPELLINGS))} (`fencing on|off NAME` works too)")
+                   help=f"{_either([*MODES, *MODE_ALIASES])}, in any case (`fencing on|off "
+                        "NAME` works too)")
 
 
 def run(api: Api, args: argparse.Namespace) -> int:
@@ -40,10 +31,10 @@ def run(api: Api, args: argparse.Namespace) -> int:
 
 def fencing_args(first: str, second: str) -> tuple[str, str]:
     """(name, mode) from `fencing NAME MODE`, or the older `fencing on|off NAME`."""
-    if second in SPELLINGS:
-        return first, SPELLINGS[second]
-    if first in SPELLINGS:
-        return second, SPELLINGS[first]
+    if (mode := parse_mode(second)) is not None:
+        return first, mode
+    if (mode := parse_mode(first)) is not None:
+        return second, mode
     raise PluginError(f"fencing takes a resource and a mode: kubectl tsoracle fencing NAME "
                       f"{'|'.join(MODES)} ({_EQUALS}); got {first!r} and {second!r}")
 
@@ -53,6 +44,6 @@ def fencing(api: Api, name: str, mode: str, output: str) -> int:
     api.patch_spec(name, {"fencing": mode})
     print_({"name": name, "namespace": api.namespace, "fencing": mode}, output,
            lambda d: f"{name}: spec.fencing set to {mode}; the operator applies it")
-    if mode in WARNINGS:
-        note(WARNINGS[mode])
+    if mode in MODE_WARNINGS:
+        note(MODE_WARNINGS[mode])
     return 0

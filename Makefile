@@ -4,7 +4,7 @@ PYTHON ?= python3
 
 OPS ?= 100000
 
-dev-cluster:  ## start PostgreSQL and a one-node cluster (root); last line is `export KUBECONFIG=…`
+dev-cluster:  ## start PostgreSQL and a one-node cluster (root), saying what it waits for; last line is `export KUBECONFIG=…`
 	@$(PYTHON) -m tsoracle_dev.controlplane.cluster up
 
 images:  ## build the operator and pause images (OCI archives) and import them into the dev node
@@ -16,7 +16,7 @@ spark-k8s-demo:  ## two Spark drivers with executor pods on the dev node, a flip
 dev-cluster-down:  ## stop it (pods, shims, interfaces too); etcd, PostgreSQL and images stay for the next `make dev-cluster`
 	@$(PYTHON) -m tsoracle_dev.controlplane.cluster down
 
-dev-cluster-reset:  ## stop it and delete its state: the next `make dev-cluster` starts empty
+dev-cluster-reset:  ## stop it and delete its state: the next `make dev-cluster` starts empty, with a new PostgreSQL password
 	@$(PYTHON) -m tsoracle_dev.controlplane.cluster down --purge
 
 test:  ## the whole suite, as CI runs it (about half an hour)

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from tsoracle_dev.controlplane.cluster import ControlPlane
+from tsoracle_dev.controlplane.node import missing_prerequisites, write_secret
 from tsoracle_dev.kubetools import tools_dir
+from tsoracle_dev.localpg import PASSWORD as FIXTURE_PASSWORD
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = [sys.executable, "-m", "tsoracle_dev.controlplane.cluster"]
@@ -61,6 +68,137 @@ def test_down_keeps_state_and_purge_starts_empty(short_tmp):
         assert gone.returncode != 0 and "NotFound" in gone.stderr
     finally:
         cluster("down", "--purge", state)
+
+
+def path_without(tmp: Path, *names: str) -> str:
+    """This PATH with the programs `names` left out: the folders holding one of them are
+    replaced by a folder of links to their other programs."""
+    shadow = tmp / "path-bin"
+    shadow.mkdir(exist_ok=True)
+    kept = []
+    for folder in os.environ["PATH"].split(os.pathsep):
+        if not folder or not any((Path(folder) / name).exists() for name in names):
+            kept.append(folder)
+            continue
+        for entry in Path(folder).iterdir():
+            if entry.name not in names and not (shadow / entry.name).exists():
+                (shadow / entry.name).symlink_to(entry)
+    return os.pathsep.join([*kept, str(shadow)])
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("args", [["build"], ["up", "STATE"]])
+def test_a_missing_go_is_one_line_naming_its_package(tmp_path, args):
+    """Not a FileNotFoundError traceback: `build` needs go to compile, `up` (with the node) for
+    the pause image too. An empty cache, so nothing is found built."""
+    env = {**os.environ, "PATH": path_without(tmp_path, "go"),
+           "TSORACLE_CACHE": str(tmp_path / "cache")}
+    state = tmp_path / "state"
+    proc = subprocess.run([*CLUSTER, *[str(state) if a == "STATE" else a for a in args]],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "go not found on PATH" in proc.stderr
+    assert "apt-get install golang-go" in proc.stderr
+    assert not (state / "cluster.json").exists()  # nothing started
+
+
+def test_missing_node_programs_name_their_debian_packages(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", path_without(tmp_path, "containerd", "runc", "conntrack"))
+    problems = missing_prerequisites()
+    for line in ("containerd not found on PATH: apt-get install containerd",
+                 "runc not found on PATH: apt-get install runc",
+                 "conntrack not found on PATH: apt-get install conntrack"):
+        assert line in problems
+
+
+def test_the_postgres_password_is_random_per_state_folder(tmp_path):
+    one, two = ControlPlane(tmp_path / "one"), ControlPlane(tmp_path / "two")
+    first, second = one.postgres_password(), two.postgres_password()
+    assert first != second
+    assert FIXTURE_PASSWORD not in (first, second) and len(first) >= 32
+    assert ControlPlane(tmp_path / "one").postgres_password() == first  # made once, kept
+    for plane in (one, two):
+        assert _mode(plane.state / "pki" / "postgres-password") == 0o600
+        assert _mode(plane.state / "pki") == 0o700
+
+
+def test_a_database_from_before_random_passwords_keeps_its_password(tmp_path):
+    """Its role has the fixed password, and Secrets made from its URL hold it: it stays until
+    `make dev-cluster-reset`."""
+    plane = ControlPlane(tmp_path / "old")
+    plane.pg.data.mkdir(parents=True)
+    try:
+        (plane.pg.data / "PG_VERSION").write_text("15\n")
+        assert plane.postgres_password() == FIXTURE_PASSWORD
+        assert _mode(plane.state / "pki" / "postgres-password") == 0o600
+    finally:
+        shutil.rmtree(plane.pg.home)  # as root, a folder of its own outside tmp_path
+
+
+def test_write_secret_replaces_a_readable_file_whole(tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text("old")
+    path.chmod(0o644)
+    before = path.stat().st_ino
+    umask = os.umask(0)
+    try:
+        write_secret(path, "new")
+    finally:
+        os.umask(umask)
+    assert path.read_text() == "new" and _mode(path) == 0o600
+    assert path.stat().st_ino != before  # a new file renamed over: never readable, never half
+    assert os.listdir(tmp_path) == ["cluster.json"]
+
+
+@pytest.mark.pg
+@pytest.mark.kube
+def test_up_without_a_node_says_what_it_waits_for_and_keeps_its_secrets(short_tmp):
+    """PostgreSQL, etcd and kube-apiserver only (no node): the progress lines on stderr, the
+    last line on stdout, every secret file 0600, a random password kept across `down`, and a
+    new one after `down --purge`."""
+    state = short_tmp / "dev"
+    try:
+        up = subprocess.run([*CLUSTER, "up", "--no-node", str(state)], capture_output=True,
+                            text=True, timeout=900)
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert up.stdout.splitlines()[-1] == f"export KUBECONFIG={state / 'kubeconfig'}"
+        waits = [line for line in up.stderr.splitlines() if line.startswith("waiting for ")]
+        assert [w.partition("...")[0] for w in waits] == [
+            "waiting for PostgreSQL", "waiting for etcd", "waiting for kube-apiserver"], up.stderr
+        assert all(re.fullmatch(r"waiting for [^.]+\.\.\. ok( \(\d+ s\))?", w) for w in waits)
+        assert "Traceback" not in up.stderr
+
+        for rel in ("cluster.json", "kubeconfig", "pki/admin-token", "pki/tokens.csv",
+                    "pki/postgres-password", "pki/sa.key", "pki/apiserver.key"):
+            assert _mode(state / rel) == 0o600, rel
+        password = (state / "pki" / "postgres-password").read_text().strip()
+        match = re.search(r"^postgres: (\S+)$", up.stdout, re.M)
+        assert match
+        url = match.group(1)
+        assert f":{password}@" in url and FIXTURE_PASSWORD not in url
+        assert json.loads((state / "cluster.json").read_text())["postgres_url"] == url
+        psycopg.connect(url, connect_timeout=10).close()
+
+        cluster("down", str(state))
+        plane = ControlPlane(state)  # PostgreSQL again, as `up` starts it
+        assert plane.postgres_password() == password
+        plane.pg.password = plane.postgres_password()
+        plane.pg.start()
+        try:
+            psycopg.connect(url, connect_timeout=10).close()  # the URL users hold still works
+        finally:
+            plane.pg.stop()
+
+        cluster("down", "--purge", str(state))
+        assert not state.exists()
+        assert ControlPlane(state).postgres_password() != password
+    finally:
+        cluster("down", "--purge", str(state))
 
 
 def test_bad_arguments_print_usage():

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_dev_cluster import path_without
 from tsoracle.spark.session import RUNTIME_PACKAGE
 from tsoracle_dev import images
 from tsoracle_dev.controlplane.cluster import K8S_VERSION
@@ -187,6 +188,19 @@ def test_import_without_a_dev_cluster_says_what_to_do(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "make dev-cluster" in proc.stderr
+
+
+def test_a_missing_go_is_one_line_naming_its_package(tmp_path):
+    """The pause image is compiled from kubernetes' source in Go's module cache: without go,
+    one line and exit code 1, not a FileNotFoundError traceback."""
+    env = {**os.environ, "PATH": path_without(tmp_path, "go"),
+           "TSORACLE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(BUILD, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "go not found on PATH" in proc.stderr
+    assert "apt-get install golang-go" in proc.stderr
 
 
 ONE_LINE = """# deb http://commented.invalid/debian bookworm main

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tsoracle_dev.controlplane.node import write_secret
 from tsoracle_dev.localpg import free_port
 
 
@@ -84,7 +85,7 @@ class Kube:
         cfg["users"] = [{"name": sa, "user": {"token": token}}]
         for ctx in cfg["contexts"]:
             ctx["context"]["user"] = sa
-        out.write_text(json.dumps(cfg))
+        write_secret(out, json.dumps(cfg))  # it holds the token
         return out
 
 

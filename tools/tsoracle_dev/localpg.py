@@ -30,8 +30,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tsoracle_dev import hosttools
+
+if TYPE_CHECKING:
+    from psycopg.sql import Composable
 
 ROLE = "tsoracle"
+# The role's password unless a caller gives its own (the dev cluster gives a random one).
 PASSWORD = "tsoracle-test-pw"
 DATABASE = "tsoracle"
 # Every transaction in it is SERIALIZABLE by default, as on CockroachDB.
@@ -48,7 +55,7 @@ def bindir() -> Path:
         pass
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if not found:
-        raise RuntimeError("PostgreSQL server binaries not found; apt-get install postgresql")
+        raise hosttools.MissingTool(hosttools.hint("initdb"))
     return Path(found[-1]).parent
 
 
@@ -69,11 +76,14 @@ def free_port() -> int:
 
 class LocalPostgres:
     def __init__(self, base: str | os.PathLike[str], port: int | None = None,
-                 extra_listen: tuple[tuple[str, str], ...] = (), host: str = "127.0.0.1") -> None:
+                 extra_listen: tuple[tuple[str, str], ...] = (), host: str = "127.0.0.1",
+                 password: str = PASSWORD) -> None:
         """`extra_listen`: (address, client network) pairs to listen on besides loopback, and
         whose clients may log in with a password (the partition nemesis's namespace, a dev
-        node's pods). `host`: the address URLs name."""
+        node's pods). `host`: the address URLs name. `password`: the role's, set when the role
+        is created."""
         self.base = Path(base).resolve()
+        self.password = password
         self.extra_listen = extra_listen
         self.host = host
         self._as_postgres = os.geteuid() == 0
@@ -220,17 +230,20 @@ class LocalPostgres:
         run_when_this_process_exits([sys.executable, "-m", "tsoracle_dev.localpg", "destroy",
                                      str(self.base)])
 
-    def url(self, password: str = PASSWORD, database: str = DATABASE) -> str:
-        return f"postgresql://{ROLE}:{password}@{self.host}:{self.port}/{database}"
+    def url(self, password: str | None = None, database: str = DATABASE) -> str:
+        """The role's URL (with another password, for wrong-password cases)."""
+        secret = self.password if password is None else password
+        return f"postgresql://{ROLE}:{secret}@{self.host}:{self.port}/{database}"
 
-    def serializable_url(self, password: str = PASSWORD) -> str:
+    def serializable_url(self, password: str | None = None) -> str:
         """The URL of a database whose transactions default to SERIALIZABLE."""
         return self.url(password, SERIALIZABLE_DATABASE)
 
     def admin_dsn(self, database: str = DATABASE) -> str:
         return f"host={self.home} port={self.port} user=postgres dbname={database}"
 
-    def sql(self, statement: str, database: str = DATABASE) -> list[tuple[object, ...]]:
+    def sql(self, statement: str | Composable,
+            database: str = DATABASE) -> list[tuple[object, ...]]:
         import psycopg
 
         with psycopg.connect(self.admin_dsn(database), autocommit=True) as conn:
@@ -248,7 +261,10 @@ class LocalPostgres:
                     raise
                 time.sleep(0.2)
         if not exists:
-            self.sql(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PASSWORD}'", "postgres")
+            from psycopg import sql
+
+            self.sql(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(ROLE), sql.Literal(self.password)), "postgres")
             self.sql(f"CREATE DATABASE {DATABASE} OWNER {ROLE}", "postgres")
             self.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         if not self.sql("SELECT 1 FROM pg_database WHERE datname = "

@@ -10,7 +10,10 @@
 etcd, kube-apiserver, the node's components (kube-node: kubelet, kube-proxy, kube-scheduler,
 kube-controller-manager) and CoreDNS are built from Go modules (the go.mod files beside this
 module), once per version, and cached under ~/.cache/tsoracle. The node (node.py) needs root and
-Debian's containerd, runc and CNI plugins. `up` is idempotent: it reuses running processes.
+Debian's containerd, runc and CNI plugins (a missing program ends in one line naming its
+package: tsoracle_dev.hosttools). `up` is idempotent: it reuses running processes, and says on
+stderr what it waits for; the PostgreSQL role's password is random per state folder, kept until
+`down --purge`. Every file holding a secret is its owner's alone (0600).
 
 With --no-node (and for the tests' API-server fixture) only etcd and kube-apiserver run, on
 loopback: objects are stored and validated, no pod runs, namespaces never finish deleting, and
@@ -33,10 +36,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from tsoracle_dev import CHECKOUT
+from tsoracle_dev import CHECKOUT, hosttools
 from tsoracle_dev.controlplane.node import (
     COREDNS_RBAC,
     COREDNS_VERSION,
@@ -49,6 +53,7 @@ from tsoracle_dev.controlplane.node import (
     missing_prerequisites,
     write_secret,
 )
+from tsoracle_dev.localpg import PASSWORD as FIXED_PASSWORD
 from tsoracle_dev.localpg import LocalPostgres, free_port, run_when_this_process_exits
 
 HERE = Path(__file__).resolve().parent  # the Go wrapper modules are folders beside this file
@@ -95,13 +100,18 @@ def build(name: str, version: str) -> Path:
     out = CACHE / f"{name}-{version}-{_recipe(name, version)}"
     if out.exists():
         return out
+    hosttools.need_go(HERE / name)
     CACHE.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
     print(f"building {name} {version} from Go modules (minutes, once)...", file=sys.stderr)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # concurrent builds must not collide
     ldflags = " ".join(["-s", "-w", *version_ldflags(name, version)])
-    subprocess.run(["go", "build", "-p", "2", "-trimpath", f"-ldflags={ldflags}", "-o", str(tmp),
-                    "."], cwd=HERE / name, env=env, check=True)
+    proc = hosttools.run(["go", "build", "-p", "2", "-trimpath", f"-ldflags={ldflags}", "-o",
+                          str(tmp), "."], cwd=HERE / name, env=env)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"go build of {name} {version} failed (exit {proc.returncode}); "
+                           "its output is above")
     os.replace(tmp, out)  # atomic: a concurrent build of the same recipe wins or loses whole
     # Earlier recipes of this version are dead weight (a process running one keeps its inode).
     for stale in CACHE.glob(f"{name}-{version}-*"):
@@ -138,11 +148,44 @@ def _after(stamp: str, since: float) -> bool:
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() >= since
 
 
+class Progress:
+    """What `up` is waiting for, one line per phase (`waiting for etcd... ok`, with the seconds
+    when it took a while), so a long start never looks hung. Silent without a stream."""
+
+    SLOW = 3.0  # seconds: a phase this long says how long it took
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out
+
+    def _write(self, text: str) -> None:
+        if self.out is not None:
+            self.out.write(text)
+            self.out.flush()
+
+    def note(self, line: str) -> None:
+        self._write(line + "\n")
+
+    @contextlib.contextmanager
+    def phase(self, what: str) -> Iterator[None]:
+        started = time.monotonic()
+        self._write(f"waiting for {what}...")
+        try:
+            yield
+        except BaseException:
+            self._write(f" failed after {time.monotonic() - started:.0f} s\n")
+            raise
+        took = time.monotonic() - started
+        self._write(f" ok ({took:.0f} s)\n" if took >= self.SLOW else " ok\n")
+
+
 class ControlPlane:
     def __init__(self, state: str | os.PathLike[str] = DEFAULT_STATE, *,
-                 postgres: bool = True, node: bool = False) -> None:
+                 postgres: bool = True, node: bool = False,
+                 progress: TextIO | None = None) -> None:
+        """`progress`: where `up` says what it waits for (the command passes stderr)."""
         self.with_postgres = postgres
         self.with_node = node
+        self.progress = Progress(progress)
         self.state = Path(state).resolve()
         self.info_file = self.state / "cluster.json"
         self.kubeconfig = self.state / "kubeconfig"
@@ -152,13 +195,35 @@ class ControlPlane:
         self.pg = LocalPostgres(self.state / "pg", host=self.host,
                                 extra_listen=((NODE_IP, POD_CIDR),) if node else ())
 
+    def _secret(self, name: str, make: Callable[[], str]) -> str:
+        """The secret `name` of this state folder (pki/, 0700), made once by `make`."""
+        path = self.state / "pki" / name
+        if not path.exists():
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_secret(path, make())
+        return path.read_text().strip()
+
     def admin_token(self) -> str:
         """The admin's bearer token, random per state folder (it may start privileged pods)."""
-        path = self.state / "pki" / "admin-token"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_secret(path, secrets.token_hex(16))
-        return path.read_text().strip()
+        return self._secret("admin-token", lambda: secrets.token_hex(16))
+
+    def postgres_password(self) -> str:
+        """The PostgreSQL role's password: random per state folder, made with the folder's
+        database and kept until `down --purge` (the database and Secrets made from its URL
+        keep working across `down` and `up`)."""
+        def make() -> str:
+            if (self.pg.data / "PG_VERSION").exists():
+                # A database made before passwords were random: its role has the fixed one.
+                self.progress.note("note: this dev cluster's PostgreSQL keeps the fixed "
+                                   "password it was made with; `make dev-cluster-reset` (which "
+                                   "deletes its data) gives it a random one")
+                return FIXED_PASSWORD
+            return secrets.token_hex(16)
+
+        return self._secret("postgres-password", make)
+
+    def _save_info(self, info: dict[str, Any]) -> None:
+        write_secret(self.info_file, json.dumps(info))  # it holds PostgreSQL's URL
 
     def info(self) -> dict[str, object]:
         return json.loads(self.info_file.read_text()) if self.info_file.exists() else {}
@@ -180,10 +245,14 @@ class ControlPlane:
             raise NodeError("cannot start the node: " + "; ".join(problems))
         binaries = {name: build(name, version) for name, version in VERSIONS.items()
                     if self.with_node or name in ("etcd", "kube-apiserver")}
+        if self.with_postgres:
+            self.pg.password = self.postgres_password()
         with self._node_lock():
             if self.healthy() and self.kubeconfig.exists():
+                self.progress.note(f"the dev cluster of {self.state} already runs")
                 if self.with_postgres:
-                    self.pg.start()
+                    with self.progress.phase("PostgreSQL"):
+                        self.pg.start()
                 return self.kubeconfig
             self._down()  # tears a node down only if this folder owns it
             if self.with_node:
@@ -194,7 +263,10 @@ class ControlPlane:
         self.state.mkdir(parents=True, exist_ok=True)
         if self.with_node:
             self.node.network_up()
-        pg_url = self.pg.start() if self.with_postgres else None
+        pg_url = None
+        if self.with_postgres:
+            with self.progress.phase("PostgreSQL"):
+                pg_url = self.pg.start()
         pki = self.state / "pki"
         pki.mkdir(exist_ok=True)
         pki.chmod(0o700)  # keys and tokens
@@ -205,10 +277,11 @@ class ControlPlane:
                 (pki / name).unlink(missing_ok=True)
         advertised.write_text(self.host)
         if not (pki / "sa.key").exists():
-            subprocess.run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"],
-                           check=True, capture_output=True)
-            subprocess.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out",
-                            str(pki / "sa.pub")], check=True, capture_output=True)
+            hosttools.need("openssl")
+            hosttools.run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"],
+                          check=True, capture_output=True)
+            hosttools.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out",
+                           str(pki / "sa.pub")], check=True, capture_output=True)
         tokens = self.node.prepare_pki() if self.with_node else {}
         users = [f'{self.admin_token()},admin,admin,"system:masters"']
         if tokens:
@@ -226,6 +299,8 @@ class ControlPlane:
             "--initial-cluster", f"dev=http://127.0.0.1:{peer_port}",
             "--unsafe-no-fsync", "--log-level", "warn",
         ], logs)
+        with self.progress.phase("etcd"):
+            self._wait_etcd(etcd_port, etcd, logs)
         self._apiserver_argv = [
             str(binaries["kube-apiserver"]), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
             "--cert-dir", str(pki), "--secure-port", str(api_port),
@@ -247,11 +322,13 @@ class ControlPlane:
             "host": self.host, "apiserver_port": api_port, "etcd_port": etcd_port,
             "postgres_url": pg_url, "apiserver_argv": self._apiserver_argv,
         }
-        self.info_file.write_text(json.dumps(info))
-        if not self._ready(api_port, timeout=120, pid=apiserver):
-            tail = (logs / "kube-apiserver.log").read_text()[-3000:]
-            self._down()
-            raise RuntimeError(f"kube-apiserver did not become ready:\n{tail}")
+        self._save_info(info)
+        with self.progress.phase("kube-apiserver"):
+            ready = self._ready(api_port, timeout=120, pid=apiserver)
+            if not ready:
+                tail = (logs / "kube-apiserver.log").read_text()[-3000:]
+                self._down()
+                raise RuntimeError(f"kube-apiserver did not become ready:\n{tail}")
         self._write_kubeconfig(api_port, pki / "apiserver.crt")
         if self.with_node:
             try:
@@ -269,14 +346,16 @@ class ControlPlane:
         def spawn(name: str, argv: list[str]) -> int:
             pid = self._spawn(name, argv, logs)
             info["pids"][name] = pid  # recorded at once: a failed start still cleans up
-            self.info_file.write_text(json.dumps(info))
+            self._save_info(info)
             return pid
 
         for item in COREDNS_RBAC["items"]:
             self._apply(item)
-        self.node.start_containerd(spawn, images.PAUSE_IMAGE)
+        with self.progress.phase("containerd"):
+            self.node.start_containerd(spawn, images.PAUSE_IMAGE)
         info["containerd_address"] = str(self.node.address)  # where `make images` imports
-        images.import_archive(images.build_pause(), str(self.node.address))
+        with self.progress.phase("the pause image (build and import)"):
+            images.import_archive(images.build_pause(), str(self.node.address))
         self.node.start_components(spawn, binaries["kube-node"], binaries["coredns"],
                                    self._server(), tokens, free_port)
         self._wait_node(logs)
@@ -293,7 +372,7 @@ class ControlPlane:
         time.sleep(down_seconds)
         info["pids"]["kube-apiserver"] = self._spawn(
             "kube-apiserver", list(info["apiserver_argv"]), self.state / "logs")
-        self.info_file.write_text(json.dumps(info))
+        self._save_info(info)
         if not self._ready(int(info["apiserver_port"]), timeout=120):
             raise RuntimeError("kube-apiserver did not come back")
 
@@ -320,35 +399,67 @@ class ControlPlane:
             if err.code != 409:  # already there from an earlier `up`
                 raise
 
+    def _wait_etcd(self, port: int, pid: int, logs: Path, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _alive(pid):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if json.loads(r.read()).get("health") == "true":
+                        return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        tail = (logs / "etcd.log").read_text()[-3000:]
+        self._down()
+        raise RuntimeError(f"etcd did not become healthy:\n{tail}")
+
     def _wait_node(self, logs: Path, timeout: float = 180) -> None:
         """Until this kubelet has reported the node Ready (a Ready condition from before a
-        `down` does not count) and the default ServiceAccount exists (the controller-manager
-        works)."""
+        `down` does not count), the default ServiceAccount exists (the controller-manager
+        works) and CoreDNS has read the cluster's Services."""
         since = time.time() - 2  # the API server stamps with this machine's clock
         deadline = time.monotonic() + timeout
-        waiting = "the node"
+
+        def node_ready() -> bool:
+            node = self._api("GET", f"/api/v1/nodes/{NODE_NAME}")
+            return any(c["type"] == "Ready" and c["status"] == "True"
+                       and _after(c["lastHeartbeatTime"], since)
+                       for c in node["status"].get("conditions", []))
+
+        def service_account() -> bool:
+            self._api("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+            return True
+
+        def coredns() -> bool:
+            url = f"http://127.0.0.1:{self.node.coredns_ready_port}/ready"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+
+        for what, check, log in (
+                ("the node's kubelet (node Ready)", node_ready, "kubelet"),
+                ("kube-controller-manager (the default ServiceAccount)", service_account,
+                 "kube-controller-manager"),
+                ("coredns", coredns, "coredns")):
+            with self.progress.phase(what):
+                self._until(what, check, deadline, timeout, logs, log)
+
+    def _until(self, what: str, check: Callable[[], bool], deadline: float, timeout: float,
+               logs: Path, log: str) -> None:
+        """Poll `check` until it holds; a component that exits or the deadline ends it."""
         while time.monotonic() < deadline:
             dead = [name for name, pid in self.info()["pids"].items() if not _alive(int(pid))]
             if dead:
                 tail = (logs / f"{dead[0]}.log").read_text()[-2000:]
                 raise NodeError(f"{dead[0]} exited; the end of its log:\n{tail}")
             try:
-                node = self._api("GET", f"/api/v1/nodes/{NODE_NAME}")
-                ready = [c for c in node["status"].get("conditions", [])
-                         if c["type"] == "Ready" and c["status"] == "True" and _after(
-                             c["lastHeartbeatTime"], since)]
-                waiting = "the node to be Ready"
-                if ready:
-                    waiting = "the default ServiceAccount"
-                    self._api("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+                if check():
                     return
             except (OSError, urllib.error.HTTPError, KeyError):
                 pass
             time.sleep(0.5)
-        tails = "".join(f"\n--- {name}.log\n" + (logs / f"{name}.log").read_text()[-1500:]
-                        for name in ("kubelet", "kube-controller-manager")
-                        if (logs / f"{name}.log").exists())
-        raise NodeError(f"timed out after {timeout:.0f} s waiting for {waiting}:{tails}")
+        tail = (logs / f"{log}.log").read_text()[-1500:] if (logs / f"{log}.log").exists() else ""
+        raise NodeError(f"timed out after {timeout:.0f} s waiting for {what}:\n--- {log}.log\n"
+                        f"{tail}")
 
     def _spawn(self, name: str, argv: list[str], logs: Path) -> int:
         with open(logs / f"{name}.log", "ab") as log:
@@ -427,8 +538,12 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     if argv[0] == "build":
-        for name, version in VERSIONS.items():
-            print(build(name, version))
+        try:
+            for name, version in VERSIONS.items():
+                print(build(name, version))
+        except RuntimeError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
         return 0
     flags = {"--purge": "down", "--no-node": "up"}
     given = [a for a in argv[1:] if a in flags]
@@ -437,14 +552,15 @@ def main(argv: list[str] | None = None) -> int:
             or len(rest) > 1:
         print(__doc__, file=sys.stderr)
         return 2
-    cp = ControlPlane(rest[0] if rest else DEFAULT_STATE, node="--no-node" not in given)
+    cp = ControlPlane(rest[0] if rest else DEFAULT_STATE, node="--no-node" not in given,
+                      progress=sys.stderr)
     if argv[0] == "down":
         cp.down(purge="--purge" in given)
         print(f"dev cluster stopped{'; its state deleted' if '--purge' in given else ''}")
         return 0
     try:
         kubeconfig = cp.up()
-    except NodeError as err:
+    except RuntimeError as err:  # NodeError, and a component that did not start
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"postgres: {cp.info()['postgres_url']}")

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from tsoracle_dev import hosttools
+
 NODE_NAME = "tsoracle-node"
 BRIDGE = "tsoracle0"
 NODE_IP = "10.244.0.1"
@@ -68,11 +70,18 @@ class NodeError(RuntimeError):
 
 
 def write_secret(path: Path, text: str) -> None:
-    """Write a file only its owner can read, from the first byte on."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
+    """Replace `path` by a file only its owner can read: written under a temporary name created
+    0600, then renamed, so no reader sees it half-written or readable by others."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def missing_prerequisites() -> list[str]:
@@ -82,18 +91,15 @@ def missing_prerequisites() -> list[str]:
         problems.append("the node needs root (it creates a bridge, iptables rules and "
                         "containers); run as root, or start without it: "
                         "tsoracle-dev-cluster up --no-node")
-    for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip",
-                 "conntrack"):
-        if shutil.which(tool) is None:
-            problems.append(f"`{tool}` is not installed (Debian packages: containerd runc "
-                            f"containernetworking-plugins conntrack iptables iproute2)")
-    if not (CNI_BIN / "bridge").exists():
-        problems.append(f"no CNI plugins in {CNI_BIN} (Debian: containernetworking-plugins)")
+    # go: the pause image is built from kubernetes' source in Go's module cache.
+    problems += hosttools.missing("containerd", "containerd-shim-runc-v2", "runc", "ctr",
+                                  "iptables", "ip", "conntrack", "modprobe", "openssl", "go",
+                                  *(path for path in hosttools.FILES if path.parent == CNI_BIN))
     return problems
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = hosttools.run(list(argv), capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise NodeError(f"{' '.join(argv)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
@@ -136,6 +142,7 @@ class Node:
         self.kubelet_root = self.dir / "kubelet"
         self.address = RUN / "containerd.sock"
         self.owner_file = RUN / "owner"
+        self.coredns_ready_port = 0  # set when CoreDNS starts
 
     # --- ownership: one node per machine -------------------------------------------------
     @staticmethod
@@ -376,11 +383,12 @@ state = "{RUN / 'state'}"
         pids["kube-proxy"] = spawn("kube-proxy", [
             str(binary), "kube-proxy", "--config", str(proxy_config)])
         corefile = self.dir / "Corefile"
+        self.coredns_ready_port = free_port()  # `up` waits for its /ready
         corefile.write_text(f"""{CLUSTER_DOMAIN}:53 in-addr.arpa:53 {{
     bind {NODE_IP}
     errors
     health 127.0.0.1:{free_port()}
-    ready 127.0.0.1:{free_port()}
+    ready 127.0.0.1:{self.coredns_ready_port}
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa {{
         kubeconfig {kc['coredns']} node
         pods insecure

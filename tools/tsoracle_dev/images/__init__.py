@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tsoracle_dev import CHECKOUT
+from tsoracle_dev import CHECKOUT, hosttools
 
 RECIPES = Path(__file__).resolve().with_name("images.toml")
 CHART = CHECKOUT / "charts" / "tsoracle" / "Chart.yaml"
@@ -358,7 +358,7 @@ def _mounts_under(path: Path) -> list[str]:
 
 def _unmount_under(path: Path) -> None:
     for point in _mounts_under(path):
-        subprocess.run(["umount", "--lazy", point], check=False)
+        hosttools.run(["umount", "--lazy", point], check=False)
 
 
 def remove_tree(path: Path) -> None:
@@ -406,6 +406,7 @@ def build_base(spec: ImageSpec) -> Layer:
     with _locked(f"base-{key}"):
         if layer := _cached_layer(out):
             return layer  # built by a concurrent run while this one waited
+        hosttools.need("debootstrap", "chroot")
         mirror = debian_mirror(spec.suite)
         argv = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}",
                 spec.suite]
@@ -414,7 +415,7 @@ def build_base(spec: ImageSpec) -> Layer:
         work = Path(tempfile.mkdtemp(prefix="base-", dir=out.parent))
         try:
             rootfs = work / "rootfs"
-            proc = subprocess.run([*argv, str(rootfs), mirror], capture_output=True, text=True)
+            proc = hosttools.run([*argv, str(rootfs), mirror], capture_output=True, text=True)
             if proc.returncode != 0:
                 log = rootfs / "debootstrap" / "debootstrap.log"
                 tail = log.read_text()[-3000:] if log.exists() else ""
@@ -469,7 +470,7 @@ def _chroot(rootfs: Path, *argv: str) -> None:
     env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            "PIP_NO_CACHE_DIR": "1"}
-    proc = subprocess.run(["chroot", str(rootfs), *argv], env=env, capture_output=True, text=True)
+    proc = hosttools.run(["chroot", str(rootfs), *argv], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"in the image: {' '.join(argv)} failed ({proc.returncode}):\n"
                            f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
@@ -559,7 +560,7 @@ def _base_rootfs(base: Layer) -> Path:
         if not out.is_dir():
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
             try:
-                subprocess.run(["tar", "--numeric-owner", "-xpzf", str(base.path), "-C",
+                hosttools.run(["tar", "--numeric-owner", "-xpzf", str(base.path), "-C",
                                 str(tmp)], check=True)
                 os.chmod(tmp, 0o755)  # it is / in the chroot
                 os.rename(tmp, out)
@@ -576,7 +577,7 @@ def _mount_base(base: Layer, rootfs: Path, work: Path) -> subprocess.Popen[bytes
     upper.mkdir()
     scratch.mkdir()
     options = f"lowerdir={_base_rootfs(base)},upperdir={upper},workdir={scratch}"
-    if subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(rootfs)],
+    if hosttools.run(["mount", "-t", "overlay", "overlay", "-o", options, str(rootfs)],
                       capture_output=True).returncode == 0:
         return None  # remove_tree unmounts it
     return subprocess.Popen(["tar", "--numeric-owner", "-xpzf", str(base.path), "-C",
@@ -650,9 +651,10 @@ def maven_jar(coordinate: str) -> Path:
     out = cache_dir() / "maven" / f"{artifact}-{version}.jar"
     if out.is_file():
         return out
+    hosttools.need("mvn")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        proc = subprocess.run(["mvn", "-q", "-B", "dependency:copy",
+        proc = hosttools.run(["mvn", "-q", "-B", "dependency:copy",
                                f"-Dartifact={group}:{artifact}:{version}:jar",
                                f"-DoutputDirectory={tmp}"], capture_output=True, text=True)
         jar = Path(tmp) / f"{artifact}-{version}.jar"
@@ -787,8 +789,9 @@ def k8s_version() -> str:
 def pause_source() -> Path:
     """kubernetes' pause.c, from the Go module cache the control plane is built from."""
     version = k8s_version()
-    gomodcache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True,
-                                check=True).stdout.strip()
+    hosttools.need("go")
+    gomodcache = hosttools.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True,
+                               check=True).stdout.strip()
     source = Path(gomodcache) / f"k8s.io/kubernetes@{version}/build/pause/linux/pause.c"
     if not source.exists():
         raise SystemExit(f"{source} is missing: `make dev-cluster` first (it builds from that "
@@ -806,10 +809,11 @@ def build_pause() -> Path:
     out = layers / f"pause-{key}.tar.gz"
     layer = _cached_layer(out)
     if layer is None:
+        hosttools.need("gcc")
         layers.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="pause-", dir=layers))
         try:
-            subprocess.run(["gcc", *flags, "-o", str(work / "pause"), str(source)], check=True)
+            hosttools.run(["gcc", *flags, "-o", str(work / "pause"), str(source)], check=True)
             os.chmod(work / "pause", 0o755)
             os.utime(work / "pause", (0, 0))  # so the same compiler output is the same layer
             layer = write_layer(work, [("pause", False)], out, f"gcc {' '.join(flags)} pause.c")
@@ -832,7 +836,7 @@ def import_archive(path: Path, address: str, namespace: str = "k8s.io",
     (default: containerd's, overlayfs; it must be the one the CRI plugin uses)."""
     argv = ["ctr", "--address", address, "-n", namespace, "images", "import"]
     argv += [f"--snapshotter={snapshotter}"] if snapshotter else []
-    proc = subprocess.run([*argv, str(path)], capture_output=True, text=True)
+    proc = hosttools.run([*argv, str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"ctr images import {path} failed ({proc.returncode}): "
                            f"{proc.stderr.strip() or proc.stdout.strip()}")
@@ -840,7 +844,7 @@ def import_archive(path: Path, address: str, namespace: str = "k8s.io",
 
 def image_names(address: str, namespace: str = "k8s.io") -> list[str]:
     """The images the containerd at `address` has in `namespace`."""
-    proc = subprocess.run(["ctr", "--address", address, "-n", namespace, "images", "ls", "-q"],
+    proc = hosttools.run(["ctr", "--address", address, "-n", namespace, "images", "ls", "-q"],
                           capture_output=True, text=True, check=True)
     return proc.stdout.split()
 
@@ -884,6 +888,7 @@ def main(argv: list[str] | None = None) -> int:
     address = None
     if args.do_import:
         address = args.containerd_address or cluster_containerd_address()
+        hosttools.need("ctr")
     started = time.monotonic()
     images = [("pause", PAUSE_IMAGE, build_pause()),
               ("operator", OPERATOR_IMAGE, build_operator())]

@@ -128,6 +128,12 @@ ALERTS = [
      "max by (namespace, name) (tsoracle_operator_rollout_in_progress) > 0",
      "30m", "warning", "rollout of {{ $labels.namespace }}/{{ $labels.name }} has not finished",
      "rollout-stuck"),
+    # Every refusal is a writer or reader stopped by a database that went back in time: at once.
+    ("TsoracleTimestampFallback",
+     "sum by (job, timeline) (increase(tsoracle_timestamp_fallback_total[5m])) > 0",
+     "0m", "critical",
+     "timestamps of {{ $labels.timeline }} went back (a restored database?): calls are refused",
+     "timestamp-fallback"),
 ]
 
 ALERT_SIGNALS = {
@@ -139,4 +145,6 @@ ALERT_SIGNALS = {
         "sum by (reason) (rate(tsoracle_operator_failures_total[5m]))"],
     "TsoracleRolloutStuck": [
         "max by (namespace, name) (tsoracle_operator_rollout_in_progress)"],
+    "TsoracleTimestampFallback": [
+        "sum by (job, timeline) (increase(tsoracle_timestamp_fallback_total[5m]))"],
 }

@@ -46,7 +46,7 @@ def test_generated_files_are_current_and_rules_load(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in proc.stdout
-    for _, _, _, _, _, runbook in ALERTS:
+    for _, _, _, _, _, runbook, _ in ALERTS:
         assert (ROOT / "docs" / "runbooks" / f"{runbook}.md").exists()
     boards = [json.loads(p.read_text())
               for p in (ROOT / "charts/tsoracle/dashboards").glob("*.json")]

@@ -33,6 +33,9 @@ from tsoracle_dev.dashboards.panels import (
 
 CHART = CHECKOUT / "charts" / "tsoracle"
 RUNBOOKS = "docs/runbooks"
+# Where a pager opens an alert's runbook: the project's docs/runbooks, as published. The chart
+# replaces this prefix with prometheusRule.runbookBaseURL (a mirror, an internal wiki).
+RUNBOOK_BASE_URL = "https://github.com/tsoracle/tsoracle/blob/main/docs/runbooks"
 
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -98,12 +101,12 @@ def dashboard(title: str, uid: str, panels: list[P]) -> str:
 
 def rules(for_override: str | None = None) -> str:
     group = {"name": "tsoracle", "rules": []}
-    for name, expr, for_, severity, summary, runbook in ALERTS:
+    for name, expr, for_, severity, summary, runbook, description in ALERTS:
         group["rules"].append({
             "alert": name, "expr": expr, "for": for_override or for_,
             "labels": {"severity": severity},
-            "annotations": {"summary": summary,
-                            "runbook": f"{RUNBOOKS}/{runbook}.md"},
+            "annotations": {"summary": summary, "description": description,
+                            "runbook_url": f"{RUNBOOK_BASE_URL}/{runbook}.md"},
         })
     return yaml.safe_dump({"groups": [group]}, sort_keys=False, width=1000)
 

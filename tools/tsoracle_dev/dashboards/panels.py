@@ -105,35 +105,54 @@ CATALOG_PANELS = [
       "{{status}} {{route}}"),
 ]
 
-# (name, expr, for, severity, summary, runbook); ALERT_SIGNALS lists, per alert, the series its
-# expression is built on: they must return data even while the alert does not fire.
+# (name, expr, for, severity, summary, runbook, description); ALERT_SIGNALS lists, per
+# alert, the series its expression is built on: they must return data even while the alert
+# does not fire.
 ALERTS = [
     ("TsoracleOperationsFailing",
      "sum by (job, operation) (rate(tsoracle_operations_failed_total"
      "{error=~\"OracleUnavailable|NotInitialized|UnknownTimeline\"}[2m])) > 0",
      "2m", "critical", "oracle operations {{ $labels.operation }} are failing",
-     "oracle-unavailable"),
+     "oracle-unavailable",
+     "{{ $labels.job }} fails {{ $labels.operation }} calls: the oracle's database "
+     "cannot be reached, its schema is not provisioned (`tsoracle init`), or the "
+     "timeline is unknown; the errors' messages say which"),
     ("TsoracleReadLagGrowing",
      "deriv(max by (timeline) (tsoracle_read_ts_lag_milliseconds)[10m:30s]) > 0.5 and "
      "max by (timeline) (tsoracle_read_ts_lag_milliseconds) > 60000",
      "10m", "warning", "read_ts of {{ $labels.timeline }} falls further behind the wall clock",
-     "read-lag"),
+     "read-lag",
+     "timestamps of {{ $labels.timeline }} are handed out but not applied: read_ts "
+     "is over a minute behind the wall clock and falling further behind (a writer "
+     "that stopped between write_ts and apply_write, or applies that fail)"),
     ("TsoracleEpochFlapping", "changes(max by (timeline) (tsoracle_epoch)[30m:1m]) > 4",
      "0m", "warning", "the epoch of {{ $labels.timeline }} changed more than 4 times in 30m",
-     "epoch-flapping"),
+     "epoch-flapping",
+     "every flip or legacy take-over of {{ $labels.timeline }} fences its clients, "
+     "and it happened more than 4 times in 30 minutes: look for two operators, "
+     "scripts or legacy leaders flipping against each other"),
     ("TsoracleReconcileFailing",
      "sum by (reason) (rate(tsoracle_operator_failures_total[5m])) > 0",
-     "10m", "warning", "operator reconciles fail: {{ $labels.reason }}", "reconcile-failing"),
+     "10m", "warning", "operator reconciles fail: {{ $labels.reason }}", "reconcile-failing",
+     "the operator's passes have ended Degraded with reason {{ $labels.reason }} for "
+     "10 minutes; `kubectl tsoracle status` shows the message"),
     ("TsoracleRolloutStuck",
      "max by (namespace, name) (tsoracle_operator_rollout_in_progress) > 0",
      "30m", "warning", "rollout of {{ $labels.namespace }}/{{ $labels.name }} has not finished",
-     "rollout-stuck"),
+     "rollout-stuck",
+     "the Rollout fencing window of {{ $labels.namespace }}/{{ $labels.name }} has "
+     "been open for 30 minutes; the operator ends it after "
+     "spec.rolloutWindowSeconds: check that it runs and holds its Lease"),
     # Every refusal is a writer or reader stopped by a database that went back in time: at once.
     ("TsoracleTimestampFallback",
      "sum by (job, timeline) (increase(tsoracle_timestamp_fallback_total[5m])) > 0",
      "0m", "critical",
      "timestamps of {{ $labels.timeline }} went back (a restored database?): calls are refused",
-     "timestamp-fallback"),
+     "timestamp-fallback",
+     "{{ $labels.job }} was answered a timestamp of {{ $labels.timeline }} below one "
+     "it already saw, and refuses every call on it until the timeline is moved "
+     "forward above what clients saw: the operator does it within a pass; without "
+     "it, `tsoracle advance`"),
 ]
 
 ALERT_SIGNALS = {

@@ -302,6 +302,28 @@ async def test_the_mark_is_shared_by_the_oracles_of_a_process(url, request, tmp_
     assert done.returncode == 0 and int(done.stdout) == 0
 
 
+async def test_a_restore_from_before_a_flip_is_refused_after_reopening(url, request, tmp_path):
+    # The backup predates a flip: the restore brings back the old epoch and implementation.
+    # The live client is fenced, reopens on the implementation the restored rows name, and
+    # that fresh oracle is checked against what the process saw before.
+    await tsoracle.init(url, timelines=[COUNTER])
+    backup = Backup(url, request, tmp_path)
+    await backup.take()
+    follow = ReopeningOracle(lambda: tsoracle.open_oracle(url, timeline=COUNTER,
+                                                          implementation=None), name=COUNTER)
+    for _ in range(3):
+        await follow.apply_write((await follow.write_ts()).timestamp)
+    await tsoracle.flip(url, to="legacy")
+    last = (await follow.write_ts()).timestamp
+    assert follow.reopens == 1
+    await backup.restore()
+    with pytest.raises(TimestampFallback) as err:
+        await follow.write_ts()
+    assert follow.reopens == 2 and err.value.seen >= last
+    assert (await tsoracle.status(url)).deployment.implementation == "distributed"
+    await follow.close()
+
+
 async def test_no_fallback_is_reported_under_concurrency_and_flips(url):
     await tsoracle.init(url, timelines=[COUNTER])
     fallbacks_before = FALLBACK.total(timeline=COUNTER)

@@ -23,7 +23,7 @@ import pytest
 
 import tsoracle
 from tsoracle.errors import TimestampFallback
-from tsoracle.oracle import advance_timeline, positions
+from tsoracle.oracle import advance_timeline, advance_timelines, positions
 from tsoracle.oracle.connect import admin_backend
 from tsoracle.oracle.metrics import FALLBACK
 from tsoracle.oracle.provision import drop_deployment
@@ -302,6 +302,28 @@ async def test_the_mark_is_shared_by_the_oracles_of_a_process(url, request, tmp_
     assert done.returncode == 0 and int(done.stdout) == 0
 
 
+async def test_a_restore_from_before_a_flip_is_refused_after_reopening(url, request, tmp_path):
+    # The backup predates a flip: the restore brings back the old epoch and implementation.
+    # The live client is fenced, reopens on the implementation the restored rows name, and
+    # that fresh oracle is checked against what the process saw before.
+    await tsoracle.init(url, timelines=[COUNTER])
+    backup = Backup(url, request, tmp_path)
+    await backup.take()
+    follow = ReopeningOracle(lambda: tsoracle.open_oracle(url, timeline=COUNTER,
+                                                          implementation=None), name=COUNTER)
+    for _ in range(3):
+        await follow.apply_write((await follow.write_ts()).timestamp)
+    await tsoracle.flip(url, to="legacy")
+    last = (await follow.write_ts()).timestamp
+    assert follow.reopens == 1
+    await backup.restore()
+    with pytest.raises(TimestampFallback) as err:
+        await follow.write_ts()
+    assert follow.reopens == 2 and err.value.seen >= last
+    assert (await tsoracle.status(url)).deployment.implementation == "distributed"
+    await follow.close()
+
+
 async def test_no_fallback_is_reported_under_concurrency_and_flips(url):
     await tsoracle.init(url, timelines=[COUNTER])
     fallbacks_before = FALLBACK.total(timeline=COUNTER)
@@ -405,6 +427,28 @@ async def test_advance_on_a_legacy_deployment_fences_its_leaders(url):
     with pytest.raises(TimestampFallback):
         await live.write_ts()
     await live.close()
+
+
+async def test_several_timelines_move_in_one_transaction_and_one_epoch(url):
+    # The operator repairs every timeline of a restored deployment at once: one fence, not one
+    # per timeline (five in 30 minutes would page as TsoracleEpochFlapping).
+    other = "counter:other"
+    await tsoracle.init(url, timelines=[COUNTER, other, EPOCH_MS], implementation="legacy")
+    epoch = (await tsoracle.status(url)).deployment.epoch
+    async with admin_backend(url) as backend:
+        done = await advance_timelines(backend, {COUNTER: 100, other: 200, EPOCH_MS: 0})
+        assert {n: (r.before, r.after, r.changed) for n, r in done.items()} == {
+            COUNTER: (0, 100, True), other: (0, 200, True), EPOCH_MS: (0, 0, False)}
+        assert {r.epoch for r in done.values()} == {epoch + 1}
+        assert await positions(backend) == {COUNTER: 100, other: 200, EPOCH_MS: 0}
+        # Nothing to move: nothing written, no fence.
+        again = await advance_timelines(backend, {COUNTER: 50, other: 200})
+        assert not any(r.changed or r.fenced for r in again.values())
+        assert {r.epoch for r in again.values()} == {epoch + 1}
+        # One refused target refuses them all.
+        with pytest.raises(tsoracle.ConfigError):
+            await advance_timelines(backend, {COUNTER: 300, other: 10**10})
+        assert await positions(backend) == {COUNTER: 100, other: 200, EPOCH_MS: 0}
 
 
 async def test_the_metric_is_served_from_the_start_and_counts(url):

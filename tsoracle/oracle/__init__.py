@@ -1,6 +1,11 @@
 """Third floor: the TimestampOracle API and its implementations. Uses fencing/ and store/."""
 
-from tsoracle.oracle.advance import AdvanceResult, advance_timeline, positions
+from tsoracle.oracle.advance import (
+    AdvanceResult,
+    advance_timeline,
+    advance_timelines,
+    positions,
+)
 from tsoracle.oracle.api import TimestampOracle, WriteTimestamp
 from tsoracle.oracle.connect import (
     advance,
@@ -31,6 +36,7 @@ __all__ = [
     "WriteTimestamp",
     "advance",
     "advance_timeline",
+    "advance_timelines",
     "common_timeline",
     "connect",
     "connect_sync",

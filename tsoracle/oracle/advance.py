@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tsoracle.errors import Arg, ConfigError, UnknownTimeline
 from tsoracle.fencing import lock_deployment
 from tsoracle.oracle.api import check_ts, wall_clock_ms
+from tsoracle.oracle.options import DEFAULT_MAX_CLOCK_SKEW_MS
 from tsoracle.oracle.timeline import parse_timeline
 from tsoracle.store import Backend, Tx
 
@@ -25,7 +26,7 @@ from tsoracle.store import Backend, Tx
 # up. EpochMilliseconds needs no bound on the jump itself: after a restore from an old backup
 # the right target is near the wall clock, however far behind the stored position is.
 MAX_COUNTER_JUMP = 10**9
-MAX_AHEAD_MS = 60_000
+MAX_AHEAD_MS = DEFAULT_MAX_CLOCK_SKEW_MS
 
 
 @dataclass(frozen=True)

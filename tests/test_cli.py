@@ -306,3 +306,32 @@ def test_bench_reports_progress_on_stderr_and_names_its_columns(tmp_path):
     assert "[2/2" in quiet.stderr
     assert {"asyncio_ceiling_ops_per_s"} <= set(report["results"][0]["extra"])
     assert "share_of_asyncio_ceiling" in report["summary"]["read/distributed/c1"]
+
+
+def test_the_papercuts_a_newcomer_met(url):
+    """Issue 28, item 5: each of these printed something unhelpful before."""
+    assert tso("init", url=url).returncode == 0
+    # A bad flag is told with the command's own usage, not the top-level one.
+    bad = tso("status", "--bogus", url=url)
+    assert bad.returncode == 2 and "usage: tsoracle status" in bad.stderr
+    assert "unrecognized arguments: --bogus" in bad.stderr
+    # Modes in any case, and on/off as the plugin takes them; what Disabled gives up is said.
+    for typed, mode in (("always", "Always"), ("ROLLOUT", "Rollout"), ("off", "Disabled")):
+        done = tso("fencing", typed, url=url)
+        assert done.returncode == 0 and f"fencing is now {mode}" in done.stdout, done.stderr
+    assert "stale reads" in tso("fencing", "disabled", url=url).stderr
+    assert "stale reads" not in tso("fencing", "always", url=url).stderr
+    refused = tso("fencing", "sometimes", url=url)
+    assert refused.returncode == 2 and "Always, Rollout, Disabled" in refused.stderr
+    # Status names the database (password masked) and a rollout state that matches the mode.
+    assert tso("fencing", "rollout", url=url).returncode == 0
+    text = tso("status", url=url).stdout
+    assert "rollout: no window open (the next flip opens one)" in text
+    assert "schema: " in text and "database: " in text
+    assert "tsoracle-test-pw" not in text
+    # finish-rollout with no window open says so instead of "rollout finished".
+    nothing = tso("finish-rollout", url=url)
+    assert nothing.returncode == 0 and "no rollout window is open" in nothing.stdout
+    assert tso("flip", "--to", "legacy", url=url).returncode == 0
+    assert "rollout: window open" in tso("status", url=url).stdout
+    assert "rollout finished" in tso("finish-rollout", url=url).stdout

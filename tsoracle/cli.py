@@ -11,7 +11,7 @@ from typing import Any
 
 from tsoracle import errors, eventloop
 from tsoracle.extras import needs_extra
-from tsoracle.fencing import IMPLEMENTATIONS, MODES
+from tsoracle.fencing import IMPLEMENTATIONS, MODE_ALIASES, MODE_WARNINGS, MODES, parse_mode
 from tsoracle.oracle import (
     EPOCH_MILLISECONDS,
     advance,
@@ -27,7 +27,7 @@ from tsoracle.oracle.api import WriteTimestamp
 from tsoracle.oracle.operations import BY_COMMAND
 from tsoracle.oracle.options import DEFAULT_MAX_CLOCK_SKEW_MS
 from tsoracle.output import add_output_flag, emit, table
-from tsoracle.store import DEFAULT_URL
+from tsoracle.store import DEFAULT_URL, parse_url
 
 # The default is resolved after parsing (see `main`): a default taken from $TSORACLE_URL would
 # print the variable's value, password and all, in `--help`.
@@ -66,6 +66,16 @@ def _csv(kind: type) -> Any:
     return parse
 
 
+def _mode(text: str) -> str:
+    """A fencing mode as typed: any case, or on/off (fencing.parse_mode)."""
+    mode = parse_mode(text)
+    if mode is None:
+        aliases = ", ".join(f"{a} = {m}" for a, m in MODE_ALIASES.items())
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fencing mode: give "
+                                         f"{', '.join(MODES)} ({aliases}), in any case")
+    return mode
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("tsoracle")
@@ -92,9 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timeline to create (repeatable; default: {EPOCH_MILLISECONDS})")
     c.add_argument("--implementation", choices=IMPLEMENTATIONS, default="distributed",
                    help="active implementation of a new deployment (use `flip` later)")
-    c.add_argument("--fencing", choices=MODES,
-                   help="set the deployment's fencing mode (default: Always for a new "
-                        "deployment, unchanged for an existing one)")
+    c.add_argument("--fencing", type=_mode, metavar="MODE",
+                   help=f"set the deployment's fencing mode, {'|'.join(MODES)} (default: "
+                        "Always for a new deployment, unchanged for an existing one)")
     c.add_argument("--initial-ts", type=int, default=0, metavar="T",
                    help="start of new timelines")
 
@@ -133,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "ahead of this machine's clock (writers refuse to follow beyond it)")
 
     c = cmd("fencing", "set the fencing mode of the deployment")
-    c.add_argument("mode", choices=MODES, help="the new mode")
+    c.add_argument("mode", type=_mode, metavar="MODE",
+                   help=f"the new mode: {', '.join(MODES)}, in any case "
+                        f"({', '.join(f'{a} = {m}' for a, m in MODE_ALIASES.items())})")
 
     cmd("finish-rollout", "end the rollout window (Rollout fencing mode)")
 
@@ -215,7 +227,10 @@ async def _run(args: argparse.Namespace) -> int:
         emit({"deployment": done.deployment, "created": done.created}, out, _init_text)
         return 0
     if args.command == "status":
-        emit((await read_status(args.url)).as_dict(), out, _status_text)
+        st = (await read_status(args.url)).as_dict()
+        where = parse_url(args.url)
+        st["backend"] = {"url": where.safe, "schema": where.schema}  # password masked
+        emit(st, out, _status_text)
         return 0
     if args.command == "ts":
         return await _ts(args)
@@ -232,12 +247,21 @@ async def _run(args: argparse.Namespace) -> int:
         emit({"deployment": dep}, out,
              lambda d: f"fencing is now {d['deployment']['fence']} "
                        f"(epoch {d['deployment']['epoch']})")
+        if args.mode in MODE_WARNINGS:
+            print(f"tsoracle: {MODE_WARNINGS[args.mode]}", file=sys.stderr)
         return 0
     if args.command == "finish-rollout":
+        before = (await read_status(args.url)).deployment
+        if not before.rollout:
+            emit({"deployment": before, "finished": False}, out,
+                 lambda d: f"no rollout window is open (fencing {d['deployment']['fence']}, "
+                           f"epoch {d['deployment']['epoch']}): nothing changed")
+            return 0
         dep = await finish_rollout(args.url)
-        emit({"deployment": dep}, out,
+        emit({"deployment": dep, "finished": True}, out,
              lambda d: f"rollout finished: {d['deployment']['implementation']} at epoch "
-                       f"{d['deployment']['epoch']}")
+                       f"{d['deployment']['epoch']}; only the inactive implementation stays "
+                       "fenced")
         return 0
     if args.command == "bench":
         return await _bench(args)
@@ -338,11 +362,23 @@ async def _ts_stored(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollout_text(fence: str, rollout: bool) -> str:
+    """What the rollout flag means in this fencing mode."""
+    if fence != "Rollout":
+        return f"- (fencing {fence} has no rollout window)"
+    if rollout:
+        return ("window open: processes on the old epoch stay fenced until it ends "
+                "(`tsoracle finish-rollout`)")
+    return "no window open (the next flip opens one)"
+
+
 def _status_text(st: dict[str, Any]) -> str:
     d = st["deployment"]
-    head = (f"implementation: {d['implementation']}   epoch: {d['epoch']}   fencing: "
-            f"{d['fence']}   rollout: {'in progress' if d['rollout'] else 'no'}"
-            f"   incarnation: {d['incarnation'] or '-'}")
+    where = st.get("backend") or {}
+    head = (f"database: {where.get('url', '-')}   schema: {where.get('schema', '-')}\n"
+            f"implementation: {d['implementation']}   epoch: {d['epoch']}   fencing: "
+            f"{d['fence']}   incarnation: {d['incarnation'] or '-'}\n"
+            f"rollout: {_rollout_text(d['fence'], d['rollout'])}")
     rows = [(t["timeline"], t["read_ts"], t["write_ts"], t["lag_ms"], t["leader_epoch"])
             for t in st["timelines"]]
     return head + "\n" + table(("TIMELINE", "READ_TS", "WRITE_TS", "LAG_MS", "LEADER_EPOCH"),
@@ -397,7 +433,12 @@ def run(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # told by the command's own parser, with its usage, not the top-level one
+        commands = next(a for a in parser._actions
+                        if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if "url" in args:
         args.url = args.url or os.environ.get("TSORACLE_URL") or DEFAULT_URL
     try:

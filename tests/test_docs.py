@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -35,7 +35,6 @@ import yaml
 from markdown_it import MarkdownIt
 
 from tsoracle_dev.controlplane.cluster import ControlPlane
-from tsoracle_dev.kubetools import tools_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
@@ -46,8 +45,10 @@ OPTIONS = {"norun", "ci", "kubectl"}
 # What each page needs besides the embedded default (SQLite, local Spark).
 NEEDS = {"docs/operator.md": "cluster", "docs/spark.md": "cluster",
          "docs/observability.md": "cluster"}
-# The order pages run in on the one dev cluster: the chart is installed by docs/operator.md.
-CLUSTER_ORDER = ["docs/operator.md", "docs/spark.md", "docs/observability.md"]
+# The order a newcomer reads them in, on one dev cluster, in one shell: the README, then the
+# pages that need the cluster (docs/operator.md starts it and installs the chart).
+CHAIN = ["README.md", "docs/operator.md", "docs/spark.md", "docs/observability.md"]
+CLUSTER_ORDER = CHAIN[1:]
 # Pages whose blocks start servers themselves (tsoracle-localpg), for the test tiers.
 PAGE_TIERS = {"docs/performance.md": pytest.mark.pg}
 # Text replaced before running, to keep the suite short; the command is otherwise as written.
@@ -114,6 +115,7 @@ class Session:
         self.workdir = workdir
         self.marker = uuid.uuid4().hex
         self.env = {**env, "TSORACLE_DOCS_RUN": self.marker}
+        self._env_file = workdir / f".env-{self.marker}"
         for entry in ROOT.iterdir():
             if entry.name not in (".git", ".venv", ".venv-core", ".dev-cluster"):
                 (workdir / entry.name).symlink_to(entry)
@@ -127,7 +129,9 @@ class Session:
             program.write_text(source)
             argv = [sys.executable, program.name]
         elif block.lang == "sh":
-            argv = ["bash", "-euo", "pipefail", "-c", source]
+            # What a block exports stays for the next, as in the reader's shell.
+            argv = ["bash", "-euo", "pipefail", "-c",
+                    f"{source}\nenv -0 > {shlex.quote(str(self._env_file))}"]
         elif block.lang == "yaml" and "kubectl" in block.options:
             argv = ["kubectl", "apply", "--dry-run=server", "-f", "-"]
         else:
@@ -139,6 +143,14 @@ class Session:
         assert proc.returncode == 0, (
             f"{block} failed with exit code {proc.returncode}\n--- block\n{source}"
             f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
+        if block.lang == "sh":
+            self._keep_exports()
+
+    def _keep_exports(self) -> None:
+        shell_own = {"PWD", "OLDPWD", "SHLVL", "_"}
+        pairs = (item.partition("=") for item in
+                 self._env_file.read_text().split("\0") if "=" in item)
+        self.env = {k: v for k, _, v in pairs if k not in shell_own}
 
     def close(self) -> None:
         """Stop what the page left running in the background (`tsoracle operator &`)."""
@@ -157,10 +169,16 @@ class Session:
 
 
 def user_env() -> dict[str, str]:
+    """A newcomer's shell after the README's first command: the virtual environment's commands
+    on PATH, and no kubectl or helm but what a page puts there (this machine's own must not
+    make a page pass)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TSORACLE_URL", "KUBECONFIG", "PYTHONPATH")}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), str(tools_dir()),
-                                   env.get("PATH", "")])
+    venv = str(Path(sys.executable).parent)
+    system = [d for d in env.get("PATH", "").split(os.pathsep)
+              if d and d != venv and not any((Path(d) / tool).exists()
+                                             for tool in ("kubectl", "helm"))]
+    env["PATH"] = os.pathsep.join([venv, *system])
     return env
 
 
@@ -205,21 +223,25 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 @pytest.mark.pg
 @pytest.mark.kube
 @pytest.mark.node
-@pytest.mark.parametrize("page", CLUSTER_ORDER)
-def test_page_runs_on_the_dev_cluster(page: str, dev_cluster: dict[str, str],
-                                      tmp_path: Path) -> None:
-    # The pages follow each other in one shell, as a user reads them: KUBECONFIG and the
-    # PostgreSQL URL come from `make dev-cluster`'s output (docs/operator.md, first block).
-    up = subprocess.run(["make", "-s", "dev-cluster"], cwd=ROOT, env=dev_cluster,
-                        capture_output=True, text=True, timeout=900)
-    assert up.returncode == 0, up.stderr
-    exports = dict(re.findall(r"^export (\w+)=(.*)$", up.stdout, re.M))
-    postgres = re.search(r"^postgres: (.*)$", up.stdout, re.M)
-    assert postgres and "KUBECONFIG" in exports
-    env = {**dev_cluster, **exports, "POSTGRES_URL": postgres.group(1)}
-    run_page(page, Session(tmp_path, env))
+def test_the_guides_chain_on_one_dev_cluster(dev_cluster: dict[str, str],
+                                              tmp_path: Path) -> None:
+    """README.md, docs/operator.md, docs/spark.md and docs/observability.md, in that order, in
+    one working folder and one shell: each page starts from what the one before left (the
+    cluster docs/operator.md's first line starts and puts on PATH, its chart and resources)."""
+    session = Session(tmp_path, dev_cluster)
+    for page in CHAIN:
+        todo = runnable(page)
+        assert todo, f"{page} has no block to run"
+        try:
+            for block in todo:
+                session.run(block, FASTER.get(page, []))
+        finally:
+            session.close()
 
 
 def test_pages_needing_the_cluster_are_run_there() -> None:
     assert sorted(NEEDS) == sorted(CLUSTER_ORDER)
+    env = user_env()
+    for tool in ("kubectl", "helm"):
+        assert shutil.which(tool, path=env["PATH"]) is None, f"{tool} is on a newcomer's PATH"
     assert shutil.which("make"), "docs/operator.md needs make (.ci/run installs it)"

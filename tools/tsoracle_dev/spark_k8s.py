@@ -18,7 +18,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from tsoracle_dev import CHECKOUT
 from tsoracle_dev.controlplane.cluster import DEFAULT_STATE, ControlPlane
@@ -106,6 +110,41 @@ def _later(rep: dict, key: str) -> int:  # type: ignore[type-arg]
     return round(statistics.median(a[key] for a in rep["appends"][1:]))
 
 
+DEMO_SCHEMA = "tsoracle_etl_orders"
+WAIT_SAY_EVERY_S = 10.0
+
+
+def wait_condition(status: Callable[[], dict[str, Any]], kind: str, timeout_s: float) -> bool:
+    """Wait for etl/orders' condition `kind` to be True, saying what it waits for every
+    WAIT_SAY_EVERY_S; a Degraded resource ends the wait at once with its reason and message
+    (the operator will not get there by itself)."""
+    began = said = time.monotonic()
+    print(f"[demo] waiting for etl/orders to be {kind} (up to {timeout_s:.0f} s)", flush=True)
+    while True:
+        conditions = {c.get("type"): c for c in status().get("conditions") or []}
+        if (conditions.get(kind) or {}).get("status") == "True":
+            return True
+        degraded = conditions.get("Degraded") or {}
+        if degraded.get("status") == "True":
+            print(f"error: etl/orders is Degraded ({degraded.get('reason')}): "
+                  f"{degraded.get('message')}", file=sys.stderr)
+            return False
+        waited = time.monotonic() - began
+        if waited > timeout_s:
+            now = conditions.get(kind) or {}
+            print(f"error: etl/orders not {kind} after {timeout_s:.0f} s: "
+                  f"{now.get('reason', 'no status yet')}: {now.get('message', '')}",
+                  file=sys.stderr)
+            return False
+        if time.monotonic() - said >= WAIT_SAY_EVERY_S:
+            now = conditions.get(kind) or {}
+            print(f"[demo] still waiting for {kind} ({waited:.0f} s): "
+                  f"{now.get('reason', 'no status yet')} {now.get('message', '')}".rstrip(),
+                  flush=True)
+            said = time.monotonic()
+        time.sleep(1)
+
+
 def _demo(state: Path) -> int:
     plane = ControlPlane(state, node=True)
     info = plane.info()
@@ -126,7 +165,7 @@ def _demo(state: Path) -> int:
 
     def status() -> dict:  # type: ignore[type-arg]
         return dict(json.loads(sh("kubectl", "-n", "etl", "get", "tso", "orders", "-o",
-                                  "json"))["status"])
+                                  "json")).get("status") or {})
 
     began = time.monotonic()
     print("[demo] building and importing the operator and Spark images (minutes the first time)")
@@ -152,11 +191,15 @@ def _demo(state: Path) -> int:
     run = time.strftime("%Y%m%d_%H%M%S")
     (data / "progress" / run).mkdir()
     os.chown(data / "progress" / run, 65532, 65532)
-    sh("kubectl", "-n", "etl", "apply", "-f", "examples/timestamporacle.yaml")
+    # The example, on a schema of its own: docs/operator.md's default/orders already owns
+    # tsoracle_orders in the same database, and two resources never share a schema.
+    example = yaml.safe_load((CHECKOUT / "examples" / "timestamporacle.yaml").read_text())
+    example["spec"]["backend"]["schema"] = DEMO_SCHEMA
+    sh("kubectl", "-n", "etl", "apply", "-f", "-", stdin=json.dumps(example))
     sh("kubectl", "-n", "etl", "patch", "tso", "orders", "--type", "merge", "-p",
        json.dumps({"spec": {"catalog": catalog_spec(data, "orders-catalog-token")}}))
-    sh("kubectl", "-n", "etl", "wait", "tso/orders", "--for=condition=CatalogReady",
-       "--timeout=180s")
+    if not wait_condition(status, "CatalogReady", 180):
+        return 1
     api = f"https://{info['host']}:{info['apiserver_port']}"
     print("[demo] flipping orders to legacy: the catalog's commits take legacy's timestamps")
     sh("kubectl", "tsoracle", "flip", "orders", "--to", "legacy", "-n", "etl")

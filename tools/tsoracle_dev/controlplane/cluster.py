@@ -53,6 +53,7 @@ from tsoracle_dev.controlplane.node import (
     missing_prerequisites,
     write_secret,
 )
+from tsoracle_dev.kubetools import tools_dir
 from tsoracle_dev.localpg import PASSWORD as FIXED_PASSWORD
 from tsoracle_dev.localpg import LocalPostgres, free_port, run_when_this_process_exits
 
@@ -564,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"postgres: {cp.info()['postgres_url']}")
+    # The kubectl and helm this cluster is tested with (tsoracle_dev.kubetools), for a shell
+    # that evaluates these lines (docs/operator.md's first command).
+    print(f'export PATH="{tools_dir()}:$PATH"')
     print(f"export KUBECONFIG={kubeconfig}")
     return 0
 

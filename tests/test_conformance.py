@@ -9,6 +9,7 @@ import pytest
 
 import tsoracle
 from tests.support.clock import FakeClock
+from tsoracle.oracle.metrics import FAILED
 from tsoracle.store import U64_MAX
 
 pytestmark = pytest.mark.serializable  # CockroachDB's isolation too (conftest.py)
@@ -126,8 +127,11 @@ async def test_apply_write_refuses_a_far_future_timestamp(url, impl):
     await setup(url, impl, timelines=["EpochMilliseconds"])
     async with tsoracle.connect(url, implementation=impl, now=clock,
                                 max_clock_skew_ms=1_000) as o:
+        counted = FAILED.total(operation="apply_write", error="ClockSkew")
         with pytest.raises(tsoracle.ClockSkew, match="apply only timestamps"):
             await o.apply_write(10_000_000_000_000)
+        # Counted where an operator looks (it was not: the check ran before the counting).
+        assert FAILED.total(operation="apply_write", error="ClockSkew") == counted + 1
         await o.apply_write(10_900)  # within the bound: fine
         assert (await o.write_ts()).timestamp == 10_901
         assert await o.read_ts() == 10_900

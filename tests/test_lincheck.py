@@ -174,6 +174,9 @@ def _check_clock_jump(scenario: str, clock: dict[str, Any]) -> None:
         0, runner.CLOCK_JUMP_MS * (1 if scenario == "clock-jump-forward" else -1), 0], clock
     refused = sum(sum(p["refused"].values()) for p in clock["phases"])
     assert clock["counted"]["write_ts"] == refused, clock
+    # A refused apply_write is counted too (it was not, before its check moved inside).
+    applies = sum(p["apply_refused"] for p in clock["phases"])
+    assert clock["counted"]["apply_write"] == applies, clock
     if scenario == "clock-jump-back":
         # Clocks 10 min behind the timeline refuse to write; the others never do, and
         # writing resumes once the clock is back.

@@ -141,8 +141,12 @@ class TimestampOracle(ABC):
         """Mark writes at `ts` complete: afterwards read_ts >= ts and write_ts >= ts."""
         self._writable("apply_write")
         check_ts(ts)
-        self._check_skew("apply_write", ts)
-        await self._observe("apply_write", lambda: self._apply_write(ts))
+
+        async def apply() -> None:
+            self._check_skew("apply_write", ts)  # inside: a refusal counts as a failed call
+            await self._apply_write(ts)
+
+        await self._observe("apply_write", apply)
         self._mark.saw_read(ts)  # read_ts >= ts and write_ts >= ts from now on
 
     async def confirm_leadership(self) -> None:
@@ -211,7 +215,8 @@ class TimestampOracle(ABC):
             raise ClockSkew(
                 f"{op}({ts}) on timeline {self.timeline.name!r} is {ts - now} ms ahead of this "
                 f"process's wall clock, more than the allowed {self.max_clock_skew_ms} ms; "
-                "apply only timestamps that write_ts handed out"
+                "apply only timestamps that write_ts handed out (if it did, this clock went "
+                "back since: the write stays unapplied until the clock catches up)"
             )
 
     def _writable(self, op: str) -> None:

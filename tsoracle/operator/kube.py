@@ -33,14 +33,19 @@ def api_client() -> client.ApiClient:
     return client.ApiClient()
 
 
-def _probe_client() -> client.ApiClient:
-    """Without urllib3's own retries: each probe is one request, and a refused connection is
-    not logged by urllib3 three times over."""
+def single_try_client(config_file: str | None = None) -> client.ApiClient:
+    """Without urllib3's own retries: each call is one request, so its `_request_timeout`
+    bounds it (urllib3 would retry a timed-out GET or PUT three times), and a refused
+    connection is not logged by urllib3 three times over. `config_file`: a kubeconfig other
+    than the environment's."""
     cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=cfg)
+    if config_file is not None:
+        config.load_kube_config(config_file=config_file, client_configuration=cfg)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
     cfg.retries = False
     return client.ApiClient(cfg)
 
@@ -102,7 +107,7 @@ async def wait_until_served(namespaces: Sequence[str],
     opens only after start-up) comes up even if the API server does not.
     """
     started = time.monotonic()
-    api = _probe_client()
+    api = single_try_client()
     told: str | None = None
     try:
         while True:

@@ -11,17 +11,26 @@ that keeps the connection).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
 
 import pytest
 
-from tsoracle.operator.kube import single_try_client
+from tsoracle.errors import ConfigError
+from tsoracle.operator.kube import REQUEST_TIMEOUT_S, single_try_client
 from tsoracle.operator.lease import LeaderLease
+from tsoracle.operator.settings import (
+    WATCH_CLIENT_TIMEOUT_ENV,
+    WATCH_SERVER_TIMEOUT_ENV,
+    WatchTimeouts,
+    from_environment,
+)
+from tsoracle_dev.kube import Operator, is_ready
 from tsoracle_dev.silentproxy import SilentProxy, kubeconfig_via, target_of
 
-SLACK_S = 3.0  # API calls and thread hand-offs on a loaded 2-core machine
+SLACK_S = 5.0  # API calls, a pass, polling and thread hand-offs on a loaded 2-core machine
 LEASE_DURATION_S, LEASE_RENEW_S = 6.0, 2.0  # a short Lease: the test's bounds follow from it
 
 
@@ -108,3 +117,72 @@ def test_a_lease_against_an_endpoint_that_never_answers_gives_up_each_attempt_in
                 await asyncio.to_thread(proxy.stop)
 
         asyncio.run(scenario())
+
+
+def oracle(name: str, *, implementation: str = "distributed", policy: str = "Retain",
+           refresh_s: int = 3600) -> str:
+    """A TimestampOracle in schema s_<name>. A long refresh by default: a periodic pass
+    reads the body kopf last saw, so it cannot stand in for a watch that went silent."""
+    return json.dumps({
+        "apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
+        "metadata": {"name": name},
+        "spec": {"backend": {"urlSecretRef": {"name": "oracle-db"}, "schema": f"s_{name}"},
+                 "implementation": implementation, "deletionPolicy": policy,
+                 "timelines": ["EpochMilliseconds", "counter:orders"],
+                 "statusRefreshSeconds": refresh_s}})
+
+
+def at_epoch(epoch: int):
+    return lambda o: is_ready(o) and (o.get("status") or {}).get("epoch") == epoch
+
+
+def test_watch_timeouts_come_from_the_environment_and_are_checked() -> None:
+    assert from_environment({}).watch == WatchTimeouts(server_s=300, client_s=330, connect_s=30)
+    got = from_environment({WATCH_SERVER_TIMEOUT_ENV: "10", WATCH_CLIENT_TIMEOUT_ENV: "15.5"})
+    assert (got.watch.server_s, got.watch.client_s) == (10, 15.5)
+    # The API server refuses timeoutSeconds=10.0 (400 Bad Request): whole seconds only.
+    for bad in ({WATCH_SERVER_TIMEOUT_ENV: "10.5"}, {WATCH_CLIENT_TIMEOUT_ENV: "soon"},
+                {WATCH_CLIENT_TIMEOUT_ENV: "0"}, {WATCH_CLIENT_TIMEOUT_ENV: "inf"},
+                {WATCH_SERVER_TIMEOUT_ENV: "400"}):  # not below the client's 330
+        with pytest.raises(ConfigError) as err:
+            from_environment(bad)
+        assert next(iter(bad)) in str(err.value)
+
+
+WATCH_SERVER_S, WATCH_CLIENT_S = 10, 15  # the operator under test's watch timeouts
+
+
+def test_a_silent_watch_stream_is_replaced_and_the_change_reconciled(kube, chart, database,
+                                                                     tmp_path: Path) -> None:
+    """The API server's connections go silent (no close); new ones are answered. A spec change
+    made meanwhile is reconciled once the client timeout replaces the silent stream (at most
+    the client timeout after the change: the stream began before it), plus one read timeout of
+    the operator's own calls (the pass's first call may go out on a silenced pooled connection,
+    then again on a new one), plus SLACK_S.
+
+    Before: kopf's hard-wired timeouts (90 s client; kopf's own 70 s inactivity limit ends a
+    stream earlier), and before that the pass's first call waited for good."""
+    ns = kube.new_namespace("silent")
+    kube.backend_secret(ns, "oracle-db", database)
+    with SilentProxy(*target_of(chart.kubeconfig)) as proxy:
+        cfg = kubeconfig_via(chart.kubeconfig, tmp_path / "kubeconfig", proxy.port)
+        op = Operator(cfg, ns, tmp_path / "operator.log", env={
+            WATCH_SERVER_TIMEOUT_ENV: str(WATCH_SERVER_S),
+            WATCH_CLIENT_TIMEOUT_ENV: str(WATCH_CLIENT_S)}).start()
+        try:
+            kube.kubectl("-n", ns, "apply", "-f", "-", stdin=oracle("orders"))
+            kube.wait_tso(ns, "orders", at_epoch(1), timeout=120)
+            op.wait_reconciles(1)
+            assert proxy.silence() >= 1  # kopf's watch stream among them
+            changed = time.monotonic()
+            kube.kubectl("-n", ns, "patch", "tso", "orders", "--type", "merge", "-p",
+                         json.dumps({"spec": {"implementation": "legacy"}}))
+            bound = WATCH_CLIENT_S + REQUEST_TIMEOUT_S[1] + SLACK_S
+            obj = kube.wait_tso(ns, "orders", at_epoch(2), timeout=bound + 60,
+                                what="the flip after the watch went silent")
+            took = time.monotonic() - changed
+            print(f"reconciled {took:.1f} s after the change (bound {bound:g} s)")
+            assert took <= bound, (took, op.log.read_text()[-3000:])
+            assert obj["status"]["activeImplementation"] == "legacy"
+        finally:
+            op.stop()

@@ -22,6 +22,18 @@ log = logging.getLogger("tsoracle.operator")
 PROBE_BUDGET_S = 30.0  # then kopf starts anyway (and keeps retrying, at WARNING)
 PROBE_EVERY_S = 1.0
 APPLY = "application/apply-patch+yaml"  # server-side apply (JSON is YAML)
+# (connect, read) of every call below that names none: without one, a call on a connection the
+# API server stopped answering (a replica lost behind a load balancer) waited as long as TCP
+# kept the connection, and the resource's reconcile loop with it. urllib3 retries a timed-out
+# GET on a new connection; any other failed call fails the pass, which the loop retries.
+REQUEST_TIMEOUT_S = (5.0, 20.0)
+
+
+class _TimedApiClient(client.ApiClient):
+    def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
+                 post_params: Any = None, _request_timeout: Any = None) -> Any:
+        return super().call_api(method, url, header_params, body, post_params,
+                                _request_timeout=_request_timeout or REQUEST_TIMEOUT_S)
 
 
 @cache
@@ -30,7 +42,7 @@ def api_client() -> client.ApiClient:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    return _TimedApiClient()
 
 
 def single_try_client(config_file: str | None = None) -> client.ApiClient:

@@ -186,3 +186,62 @@ def test_a_silent_watch_stream_is_replaced_and_the_change_reconciled(kube, chart
             assert obj["status"]["activeImplementation"] == "legacy"
         finally:
             op.stop()
+
+
+@pytest.mark.parametrize(("policy", "point"), [
+    ("Delete", "before"),
+    # Found by this test: each DROP is a statement of its own and `deployment` goes second,
+    # so the successor finds no deployment row, logs "holds no tsoracle deployment, nothing to
+    # drop", removes the finalizer and leaves the schema (and any table after `deployment`).
+    pytest.param("Delete", "mid", marks=pytest.mark.xfail(strict=True, reason=(
+        "a successor finds no deployment row and keeps the half-dropped schema"))),
+    ("Delete", "after"),
+    ("Retain", "after"),
+])
+def test_an_operator_killed_mid_deletion_is_finished_by_its_successor(
+        kube, chart, database, pg, tmp_path: Path, policy: str, point: str) -> None:
+    """SIGKILL while the finalizer's clean-up is under way (tools/tsoracle_dev/
+    stalled_deletion.py: before the drop or release, right after `DROP TABLE deployment`, or
+    after it committed); the next operator finishes it: the resource is gone, no finalizer
+    left, and the schema dropped (Delete) or kept and released for adoption (Retain)."""
+    ns = kube.new_namespace("del")
+    kube.backend_secret(ns, "oracle-db", database)
+    name, schema = "doomed", "s_doomed"
+    dbname = database.rsplit("/", 1)[1]
+    marker = tmp_path / "stalled"
+    doomed = Operator(chart.kubeconfig, ns, tmp_path / "op1.log",
+                      module="tsoracle_dev.stalled_deletion",
+                      env={"TSORACLE_DEV_STALL_AT": point,
+                           "TSORACLE_DEV_STALL_FILE": str(marker)}).start()
+    try:
+        kube.kubectl("-n", ns, "apply", "-f", "-", stdin=oracle(name, policy=policy))
+        kube.wait_tso(ns, name, at_epoch(1), timeout=120)
+        kube.kubectl("-n", ns, "delete", "tso", name, "--wait=false")
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert time.monotonic() < deadline, doomed.log.read_text()[-3000:]
+            assert doomed.proc is not None and doomed.proc.poll() is None
+            time.sleep(0.1)
+        assert marker.read_text() == point
+        assert doomed.proc is not None
+        doomed.proc.kill()  # SIGKILL: no clean-up, no lease release, nothing flushed
+        doomed.proc.wait()
+    finally:
+        doomed.stop()
+    obj = kube.tso(ns, name)  # still there, held by the finalizer
+    assert obj["metadata"].get("deletionTimestamp")
+    assert "tsoracle.io/finalizer" in obj["metadata"]["finalizers"]
+    healthy = Operator(chart.kubeconfig, ns, tmp_path / "op2.log").start()
+    try:
+        kube.kubectl("-n", ns, "wait", "--for=delete", f"tso/{name}", "--timeout=120s")
+    finally:
+        healthy.stop()
+    schemas = {r[0] for r in pg.sql("SELECT schema_name FROM information_schema.schemata",
+                                    dbname)}
+    if policy == "Delete":
+        assert schema not in schemas, pg.sql(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = "
+            f"'{schema}'", dbname)
+    else:
+        assert pg.sql(f"SELECT epoch, owner FROM {schema}.deployment", dbname) == [(1, "")]
+    assert kube.events(ns, "DeletionBlocked") == [] and kube.events(ns, "DeletionSkipped") == []

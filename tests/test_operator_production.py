@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tsoracle.errors import ConfigError
 from tsoracle.operator.kube import REQUEST_TIMEOUT_S, single_try_client
@@ -28,6 +30,7 @@ from tsoracle.operator.settings import (
     from_environment,
 )
 from tsoracle_dev.kube import Operator, is_ready
+from tsoracle_dev.kubetools import tools_dir
 from tsoracle_dev.silentproxy import SilentProxy, kubeconfig_via, target_of
 
 SLACK_S = 5.0  # API calls, a pass, polling and thread hand-offs on a loaded 2-core machine
@@ -147,6 +150,21 @@ def test_watch_timeouts_come_from_the_environment_and_are_checked() -> None:
         with pytest.raises(ConfigError) as err:
             from_environment(bad)
         assert next(iter(bad)) in str(err.value)
+
+
+@pytest.mark.kube  # helm, from the Kubernetes tools
+def test_the_chart_hands_its_watch_timeouts_to_the_operator(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    values = tmp_path / "values.yaml"
+    values.write_text("watch: {serverTimeoutSeconds: 120, clientTimeoutSeconds: 150.5}\n")
+    rendered = subprocess.run(
+        [str(tools_dir() / "helm"), "template", "t", str(root / "charts" / "tsoracle"), "-f",
+         str(values)], capture_output=True, text=True, check=True, timeout=120).stdout
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    env = {e["name"]: e["value"] for e in
+           deployment["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    assert from_environment(env).watch == WatchTimeouts(server_s=120, client_s=150.5,
+                                                        connect_s=30)
 
 
 WATCH_SERVER_S, WATCH_CLIENT_S = 10, 15  # the operator under test's watch timeouts

@@ -19,7 +19,7 @@ import contextlib
 import json
 import threading
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,6 @@ class _Link:
     client: asyncio.StreamWriter
     server: asyncio.StreamWriter | None = None
     silent: bool = False
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class SilentProxy:
@@ -41,6 +40,7 @@ class SilentProxy:
         self.host, self.target_port = host, target_port
         self.port = 0
         self._links: set[_Link] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()  # one per accepted connection
         self._new_silent = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
@@ -81,13 +81,15 @@ class SilentProxy:
                 self._server.close()
             for link in list(self._links):
                 self._close(link)
-            for link in list(self._links):
-                for task in link.tasks:
-                    task.cancel()
+            for task in self._handlers:
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
         if self._thread.is_alive():  # once: stop() may be called again
             self._call(go())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def __enter__(self) -> SilentProxy:
         return self.start()
@@ -101,6 +103,9 @@ class SilentProxy:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = _Link(client=writer, silent=self._new_silent)
         self._links.add(link)
+        me = asyncio.current_task()
+        assert me is not None  # start_server runs each handler as a task
+        self._handlers.add(me)
         try:
             if link.silent:
                 # Accepted, never answered: no server connection at all.
@@ -113,11 +118,11 @@ class SilentProxy:
             link.server = up_writer
             up = asyncio.create_task(self._pump(reader, up_writer, link, from_client=True))
             down = asyncio.create_task(self._pump(up_reader, writer, link, from_client=False))
-            link.tasks += [up, down]
             await asyncio.gather(up, down, return_exceptions=True)
         finally:
             self._close(link)
             self._links.discard(link)
+            self._handlers.discard(me)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None,
                     link: _Link, *, from_client: bool) -> None:

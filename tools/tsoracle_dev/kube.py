@@ -105,13 +105,16 @@ class Operator:
 
     def __init__(self, kubeconfig: Path, namespace: str, log: Path,
                  env: dict[str, str] | None = None,
-                 lease: tuple[str, str] | None = None, crash_after_flip: bool = False) -> None:
+                 lease: tuple[str, str] | None = None, crash_after_flip: bool = False,
+                 module: str | None = None) -> None:
         """`lease`: (namespace, name) of the Lease to hold; without it the operator runs alone
         (tests run many operators side by side, each watching its own namespace).
-        `crash_after_flip`: run tsoracle_dev.crashing_operator instead."""
+        `crash_after_flip`: run tsoracle_dev.crashing_operator instead; `module`: run this
+        wrapper of the command line instead (`python -m module operator ...`)."""
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
         self.extra_env = env or {}
-        self.crash_after_flip = crash_after_flip
+        self.module = module or ("tsoracle_dev.crashing_operator" if crash_after_flip
+                                 else "tsoracle.cli")
         self.lease = lease
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = free_port()
@@ -121,9 +124,7 @@ class Operator:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tsoracle_dev.crashing_operator" if self.crash_after_flip
-                 else "tsoracle.cli",
-                 "operator", "--namespace",
+                [sys.executable, "-m", self.module, "operator", "--namespace",
                  self.namespace, "--liveness-port", str(self.liveness_port), "--metrics-port",
                  str(self.metrics_port), "--bind", "127.0.0.1",
                  *(["--lease-namespace", self.lease[0], "--lease-name", self.lease[1]]

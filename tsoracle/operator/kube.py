@@ -22,6 +22,18 @@ log = logging.getLogger("tsoracle.operator")
 PROBE_BUDGET_S = 30.0  # then kopf starts anyway (and keeps retrying, at WARNING)
 PROBE_EVERY_S = 1.0
 APPLY = "application/apply-patch+yaml"  # server-side apply (JSON is YAML)
+# (connect, read) of every call below that names none: without one, a call on a connection the
+# API server stopped answering (a replica lost behind a load balancer) waited as long as TCP
+# kept the connection, and the resource's reconcile loop with it. urllib3 retries a timed-out
+# GET on a new connection; any other failed call fails the pass, which the loop retries.
+REQUEST_TIMEOUT_S = (5.0, 20.0)
+
+
+class _TimedApiClient(client.ApiClient):
+    def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
+                 post_params: Any = None, _request_timeout: Any = None) -> Any:
+        return super().call_api(method, url, header_params, body, post_params,
+                                _request_timeout=_request_timeout or REQUEST_TIMEOUT_S)
 
 
 @cache
@@ -30,17 +42,22 @@ def api_client() -> client.ApiClient:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    return _TimedApiClient()
 
 
-def _probe_client() -> client.ApiClient:
-    """Without urllib3's own retries: each probe is one request, and a refused connection is
-    not logged by urllib3 three times over."""
+def single_try_client(config_file: str | None = None) -> client.ApiClient:
+    """Without urllib3's own retries: each call is one request, so its `_request_timeout`
+    bounds it (urllib3 would retry a timed-out GET or PUT three times), and a refused
+    connection is not logged by urllib3 three times over. `config_file`: a kubeconfig other
+    than the environment's."""
     cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=cfg)
+    if config_file is not None:
+        config.load_kube_config(config_file=config_file, client_configuration=cfg)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
     cfg.retries = False
     return client.ApiClient(cfg)
 
@@ -102,7 +119,7 @@ async def wait_until_served(namespaces: Sequence[str],
     opens only after start-up) comes up even if the API server does not.
     """
     started = time.monotonic()
-    api = _probe_client()
+    api = single_try_client()
     told: str | None = None
     try:
         while True:

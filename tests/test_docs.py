@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -168,17 +169,30 @@ class Session:
                     pass
 
 
+# Stand-ins for a machine's own kubectl and helm, first on a newcomer's PATH: a page that uses
+# one without putting the dev cluster's on PATH first fails as on a machine without it.
+ABSENT_TOOLS = ("kubectl", "helm")
+
+
+def _absent_tools_dir() -> Path:
+    folder = Path(tempfile.gettempdir()) / f"tsoracle-docs-absent-{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    for tool in ABSENT_TOOLS:
+        stub = folder / tool
+        stub.write_text(f"#!/bin/sh\necho \"{tool}: command not found (a newcomer has none "
+                        "until a page puts one on PATH)\" >&2\nexit 127\n")
+        stub.chmod(0o755)
+    return folder
+
+
 def user_env() -> dict[str, str]:
     """A newcomer's shell after the README's first command: the virtual environment's commands
     on PATH, and no kubectl or helm but what a page puts there (this machine's own must not
     make a page pass)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TSORACLE_URL", "KUBECONFIG", "PYTHONPATH")}
-    venv = str(Path(sys.executable).parent)
-    system = [d for d in env.get("PATH", "").split(os.pathsep)
-              if d and d != venv and not any((Path(d) / tool).exists()
-                                             for tool in ("kubectl", "helm"))]
-    env["PATH"] = os.pathsep.join([venv, *system])
+    env["PATH"] = os.pathsep.join([str(_absent_tools_dir()), str(Path(sys.executable).parent),
+                                   env.get("PATH", "")])
     return env
 
 
@@ -242,6 +256,7 @@ def test_the_guides_chain_on_one_dev_cluster(dev_cluster: dict[str, str],
 def test_pages_needing_the_cluster_are_run_there() -> None:
     assert sorted(NEEDS) == sorted(CLUSTER_ORDER)
     env = user_env()
-    for tool in ("kubectl", "helm"):
-        assert shutil.which(tool, path=env["PATH"]) is None, f"{tool} is on a newcomer's PATH"
+    for tool in ABSENT_TOOLS:
+        found = subprocess.run([tool, "version"], env=env, capture_output=True, text=True)
+        assert found.returncode == 127 and "command not found" in found.stderr, tool
     assert shutil.which("make"), "docs/operator.md needs make (.ci/run installs it)"

@@ -85,10 +85,10 @@ def runtime(memo: kopf.Memo) -> Runtime:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    _configure_kopf(settings)
-    logs.install(verbose=logging.getLogger().getEffectiveLevel() <= logging.DEBUG)
     # `tsoracle operator` hands its settings over; `kopf run -m tsoracle.operator` has none.
     ours: OperatorSettings = memo.get("settings") or from_environment()
+    _configure_kopf(settings, ours)
+    logs.install(verbose=logging.getLogger().getEffectiveLevel() <= logging.DEBUG)
     await wait_until_served([n for n in ours.namespaces if n])
     lease = None
     if ours.lease_namespace:
@@ -97,15 +97,19 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo["runtime"] = Runtime(ours, SharedBackends(ours.pool_size), lease)
 
 
-def _configure_kopf(settings: kopf.OperatorSettings) -> None:
+def _configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # Our resources are known in advance: skip kopf's cluster scan of CRDs and namespaces, which
     # would need cluster-wide list/watch rights the operator has no other use for.
     settings.scanning.disabled = True
     # Without these a silently stalled watch stream never delivers another event.
-    settings.watching.server_timeout = 60
-    settings.watching.client_timeout = 90
-    settings.watching.connect_timeout = 30
+    settings.watching.server_timeout = ours.watch.server_s
+    settings.watching.client_timeout = ours.watch.client_s
+    settings.watching.connect_timeout = ours.watch.connect_s
+    # kopf's own patches and Events: a call on a silenced connection must not hold up the
+    # object's later events for kopf's default 5 minutes.
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = ours.watch.connect_s
     # INFO: kopf.info() (our Flipped and Dropped Events) posts nothing below this level. kopf's
     # own INFO chatter is not posted either: logs.install() stops it at its logger.
     settings.posting.level = logging.INFO
@@ -389,6 +393,14 @@ async def _drop_or_release(backend: Backend, spec: OracleSpec, owner: Owner, bod
     """`what` ("drop" or "release") to the deployment in the schema, if this resource owns it."""
     found = await find_deployment(backend)
     if found is None:
+        if what == "drop":
+            # A drop killed half-way (the deployment row goes last) leaves tsoracle's other
+            # tables: finish it. Only tsoracle's tables go, and the schema only if empty.
+            schema_gone = await drop_deployment(backend)
+            log.info("%s: deleted; schema %r holds no tsoracle deployment; dropped what was "
+                     "left of tsoracle's tables%s", ref, spec.schema,
+                     " and the schema" if schema_gone else "")
+            return
         log.info("%s: deleted; schema %r holds no tsoracle deployment, nothing to %s",
                  ref, spec.schema, what)
         return

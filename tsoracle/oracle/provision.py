@@ -132,4 +132,7 @@ async def drop_deployment(backend: Backend) -> bool:
     """Remove the deployment's tables (and those of earlier releases, if there), then its
     schema if nothing else is in it (deletionPolicy: Delete). Returns whether the schema
     itself was dropped."""
-    return await schema.drop(backend, (*DEPLOYMENT_TABLES, *sorted(RETIRED_TABLES)))
+    # The deployment row goes last: it is how a deletion finds that there is something to
+    # drop, so a drop cut off half-way (an operator killed) is found and finished.
+    rest = [t for t in (*DEPLOYMENT_TABLES, *sorted(RETIRED_TABLES)) if t != "deployment"]
+    return await schema.drop(backend, (*rest, "deployment"))

@@ -292,8 +292,8 @@ def test_install_the_previous_release_with_live_resources_and_writers(previous_t
 
 
 def _steady(kube: Kube, image: str, passes: int) -> dict[str, Any]:
-    """The operator pod running `image`, once it made `passes` successful passes per resource
-    since it started, and the resources as it left them."""
+    """The operator pod running `image`, once it has made `passes` times as many successful
+    passes as there are resources since it started."""
     pod = wait_for(f"the operator on {image} Ready", lambda: operator_pod(kube, image), 180)
     wait_for(f"{passes} passes per resource", lambda: reconciles(pod) >= passes * len(RESOURCES),
              120)

@@ -214,11 +214,11 @@ def test_a_silent_watch_stream_is_replaced_and_the_change_reconciled(kube, chart
 
 @pytest.mark.parametrize(("policy", "point"), [
     ("Delete", "before"),
-    # Found by this test: each DROP is a statement of its own and `deployment` goes second,
-    # so the successor finds no deployment row, logs "holds no tsoracle deployment, nothing to
-    # drop", removes the finalizer and leaves the schema (and any table after `deployment`).
-    pytest.param("Delete", "mid", marks=pytest.mark.xfail(strict=True, reason=(
-        "a successor finds no deployment row and keeps the half-dropped schema"))),
+    # Found by this test (it failed before the fix): each DROP is a statement of its own and
+    # `deployment` went second, so the successor found no deployment row, logged "holds no
+    # tsoracle deployment, nothing to drop" and left the schema. Now `deployment` goes last
+    # and a deletion that finds none still finishes the drop.
+    ("Delete", "mid"),
     ("Delete", "after"),
     ("Retain", "after"),
 ])

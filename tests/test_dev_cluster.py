@@ -291,3 +291,36 @@ def test_node_versions_and_down_leaves_no_process_or_interface(short_tmp):
     finally:
         cluster("down", "--purge", state)
     assert _ours(state) == []
+
+
+# --- `make spark-k8s-demo`'s wait (issue 28, item 1) ---------------------------------------
+
+def _tso_status(*conditions: tuple[str, str, str, str]) -> dict:
+    return {"conditions": [{"type": t, "status": s, "reason": r, "message": m}
+                           for t, s, r, m in conditions]}
+
+
+def test_the_spark_demo_stops_at_once_on_a_degraded_resource(capsys):
+    """It waited about 4 minutes on `kubectl wait … --for=condition=CatalogReady`, saying
+    nothing, while the resource was Degraded (SchemaInUse), then failed with a timeout."""
+    from tsoracle_dev import spark_k8s
+
+    degraded = _tso_status(("CatalogReady", "Unknown", "SchemaInUse", ""),
+                           ("Degraded", "True", "SchemaInUse", "schema 'x' belongs to default/o"))
+    began = time.monotonic()
+    assert not spark_k8s.wait_condition(lambda: degraded, "CatalogReady", 180)
+    assert time.monotonic() - began < 5  # at once, not at the timeout
+    err = capsys.readouterr().err
+    assert "Degraded (SchemaInUse): schema 'x' belongs to default/o" in err
+    ready = _tso_status(("CatalogReady", "True", "Serving", ""))
+    assert spark_k8s.wait_condition(lambda: ready, "CatalogReady", 180)
+
+
+def test_the_spark_demo_uses_a_schema_of_its_own():
+    """docs/operator.md's default/orders owns the example's schema in the same database."""
+    import yaml
+
+    from tsoracle_dev import spark_k8s
+    example = yaml.safe_load((spark_k8s.CHECKOUT / "examples" / "timestamporacle.yaml")
+                             .read_text())
+    assert spark_k8s.DEMO_SCHEMA != example["spec"]["backend"]["schema"]

@@ -95,7 +95,8 @@ def test_a_missing_go_is_one_line_naming_its_package(tmp_path, args):
     """Not a FileNotFoundError traceback: `build` needs go to compile, `up` (with the node) for
     the pause image too. An empty cache, so nothing is found built."""
     env = {**os.environ, "PATH": path_without(tmp_path, "go"),
-           "TSORACLE_CACHE": str(tmp_path / "cache")}
+           "TSORACLE_CACHE": str(tmp_path / "cache"),
+           "GOMODCACHE": str(tmp_path / "gomodcache")}  # nothing of Go's found either
     state = tmp_path / "state"
     proc = subprocess.run([*CLUSTER, *[str(state) if a == "STATE" else a for a in args]],
                           capture_output=True, text=True, env=env, timeout=120)

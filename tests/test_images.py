@@ -190,11 +190,24 @@ def test_import_without_a_dev_cluster_says_what_to_do(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "make dev-cluster" in proc.stderr
 
 
+def test_the_pause_source_is_found_without_go_where_go_left_it(tmp_path, monkeypatch):
+    """A newcomer with the cluster built before, and no Go on PATH, was stopped by `make
+    dev-cluster` (issue 28): the source is looked up in Go's default module cache first."""
+    source = (tmp_path / "mod" / f"k8s.io/kubernetes@{images.k8s_version()}"
+              / "build/pause/linux/pause.c")
+    source.parent.mkdir(parents=True)
+    source.write_text("int main(void) { return 0; }\n")
+    monkeypatch.setenv("GOMODCACHE", str(tmp_path / "mod"))
+    monkeypatch.setenv("PATH", path_without(tmp_path, "go"))
+    assert images.pause_source() == source
+
+
 def test_a_missing_go_is_one_line_naming_its_package(tmp_path):
     """The pause image is compiled from kubernetes' source in Go's module cache: without go,
     one line and exit code 1, not a FileNotFoundError traceback."""
     env = {**os.environ, "PATH": path_without(tmp_path, "go"),
-           "TSORACLE_CACHE": str(tmp_path / "cache")}
+           "TSORACLE_CACHE": str(tmp_path / "cache"),
+           "GOMODCACHE": str(tmp_path / "gomodcache")}  # nothing of Go's found either
     proc = subprocess.run(BUILD, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr

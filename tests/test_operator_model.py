@@ -273,3 +273,14 @@ def test_a_backend_below_the_mark_is_moved_above_what_could_have_been_handed_out
     assert rewind_targets(mark, positions, 2, 3, 7, later) == want
     # No mark yet (the first pass): nothing to compare with.
     assert rewind_targets(HighWater(), {"counter:c": 0}, 1, 3, 0, later) == {}
+
+
+def test_no_pace_is_measured_for_the_wall_clock_or_from_nothing():
+    # The newcomer saw EpochMilliseconds' peakPerSecond at 164865997959: its jump from 0.
+    mark = HighWater().after({"EpochMilliseconds": 0, "counter:c": 0}, NOW)
+    mark = mark.after({"EpochMilliseconds": 1_795_000_000_000, "counter:c": 50},
+                      NOW + dt.timedelta(seconds=1))
+    assert mark.peaks == {}
+    mark = mark.after({"EpochMilliseconds": 1_795_000_001_000, "counter:c": 150},
+                      NOW + dt.timedelta(seconds=2))
+    assert mark.peaks == {"counter:c": 100.0}

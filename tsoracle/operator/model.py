@@ -258,7 +258,9 @@ class HighWater:
         marks, peaks = dict(self.positions), dict(self.peaks)
         for name, at in positions.items():
             before = marks.get(name)
-            if before is not None and since > 0:
+            # A counter's pace sizes its margin (rewind_targets); a wall-clock timeline needs
+            # none, and its first move, from 0 to the clock, is no pace at all.
+            if before and since > 0 and not parse_timeline(name).wall_clock:
                 peaks[name] = max(peaks.get(name, 0.0), (at - before) / since)
             marks[name] = max(at, before or 0)
         return HighWater(now, marks, peaks, self.passes)

@@ -91,9 +91,10 @@ def missing_prerequisites() -> list[str]:
         problems.append("the node needs root (it creates a bridge, iptables rules and "
                         "containers); run as root, or start without it: "
                         "tsoracle-dev-cluster up --no-node")
-    # go: the pause image is built from kubernetes' source in Go's module cache.
+    # Not go: the pause image's source is found in Go's module cache without it, and what
+    # must be built asks for it then (images.pause_source, the cluster's build).
     problems += hosttools.missing("containerd", "containerd-shim-runc-v2", "runc", "ctr",
-                                  "iptables", "ip", "conntrack", "modprobe", "openssl", "go",
+                                  "iptables", "ip", "conntrack", "modprobe", "openssl",
                                   *(path for path in hosttools.FILES if path.parent == CNI_BIN))
     return problems
 

@@ -789,10 +789,16 @@ def k8s_version() -> str:
 def pause_source() -> Path:
     """kubernetes' pause.c, from the Go module cache the control plane is built from."""
     version = k8s_version()
+    relative = f"k8s.io/kubernetes@{version}/build/pause/linux/pause.c"
+    # Go's default module cache, found without Go: a cluster built before needs no Go on PATH.
+    gopath = os.environ.get("GOPATH", "").split(os.pathsep)[0] or str(Path.home() / "go")
+    source = Path(os.environ.get("GOMODCACHE") or Path(gopath) / "pkg" / "mod") / relative
+    if source.exists():
+        return source
     hosttools.need("go")
     gomodcache = hosttools.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True,
                                check=True).stdout.strip()
-    source = Path(gomodcache) / f"k8s.io/kubernetes@{version}/build/pause/linux/pause.c"
+    source = Path(gomodcache) / relative
     if not source.exists():
         raise SystemExit(f"{source} is missing: `make dev-cluster` first (it builds from that "
                          f"Go module), or `go mod download k8s.io/kubernetes@{version}`")

@@ -246,11 +246,11 @@ def test_tsoracle_operator_flags_win_over_the_environment():
 
 def test_the_high_water_mark_only_rises_and_measures_the_fastest_advance():
     t0 = NOW
-    mark = HighWater().after({"c": 100}, t0)
-    assert mark.positions == {"c": 100} and mark.peaks == {}
-    mark = mark.after({"c": 300}, t0 + dt.timedelta(seconds=2))  # 100 per second
-    mark = mark.after({"c": 350}, t0 + dt.timedelta(seconds=3))  # 50 per second
-    assert mark.positions == {"c": 350} and mark.peaks == {"c": 100.0}
+    mark = HighWater().after({"counter:c": 100}, t0)
+    assert mark.positions == {"counter:c": 100} and mark.peaks == {}
+    mark = mark.after({"counter:c": 300}, t0 + dt.timedelta(seconds=2))  # 100 per second
+    mark = mark.after({"counter:c": 350}, t0 + dt.timedelta(seconds=3))  # 50 per second
+    assert mark.positions == {"counter:c": 350} and mark.peaks == {"counter:c": 100.0}
     mark = mark.counted(12)
     assert HighWater.of({"highWater": mark.published()}) == mark
 

@@ -238,9 +238,9 @@ async def _run(args: argparse.Namespace) -> int:
         emit(await flip(args.url, to=args.to), out, _flip_text)
         return 0
     if args.command == "advance":
-        done = await advance(args.url, timeline=args.timeline, to=_timestamp("--to", args.to),
-                             force=args.force)
-        emit(done, out, _advance_text)
+        moved = await advance(args.url, timeline=args.timeline, to=_timestamp("--to", args.to),
+                              force=args.force)
+        emit(moved, out, _advance_text)
         return 0
     if args.command == "fencing":
         dep = await set_fencing(args.url, args.mode)

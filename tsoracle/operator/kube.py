@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import urllib3
 from kubernetes import client, config
@@ -153,7 +153,8 @@ async def read_secret_text(namespace: str, name: str, key: str) -> str:
 def _owner_exists_sync(namespace: str, name: str, uid: str) -> bool:
     api = client.CustomObjectsApi(api_client())
     try:
-        obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        obj = cast(dict[str, Any],
+                   api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
     except ApiException as exc:
         if exc.status == 404:
             return False

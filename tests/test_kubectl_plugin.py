@@ -203,8 +203,9 @@ def test_fencing_arguments(args, expected):
 
 
 def test_fencing_arguments_refuse_no_mode():
+    # A mode in any case is a mode now (issue 28); two words that name none are refused.
     with pytest.raises(PluginError, match="Always|Rollout|Disabled"):
-        fencing_args("orders", "always")
+        fencing_args("orders", "nightly")
 
 
 def test_only_secret_values_are_redacted():

@@ -40,7 +40,9 @@ def spec_with(**catalog_fields: object):
 
 
 def dep(implementation: str = "distributed") -> Deployment:
-    return Deployment(epoch=1, implementation=implementation, fence="Always", rollout=False)
+    # generation 3: the resource generation the observations below read, already recorded.
+    return Deployment(epoch=1, implementation=implementation, fence="Always", rollout=False,
+                      generation=3)
 
 
 def observed(found: catalog.Seen = catalog.Seen(), image: str = "tsoracle:1",

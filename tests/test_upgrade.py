@@ -1,5 +1,5 @@
 """Upgrading in place on a real node: `helm upgrade` from the previous release (its chart, and
-its operator image built from its git tag by its own image tooling) to this checkout's, then
+its operator image built from its commit by its own image tooling) to this checkout's, then
 `helm rollback` to it, with TimestampOracle resources live and writers running.
 
 Across both: no epoch changes (the operator flips nothing and fences nobody), no error and no
@@ -33,12 +33,16 @@ from tsoracle_dev.kube import Kube, condition, is_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The module's own cluster; every test fails at once, before the cluster starts, without the tag.
+# The module's own cluster; every test fails at once, before the cluster starts, without the
+# previous release's commit.
 pytestmark = [pytest.mark.node, pytest.mark.kube, pytest.mark.pg,
               pytest.mark.usefixtures("previous_tree")]
 
-# The release before this checkout's: bump it when a release is tagged.
+# The release before this checkout's, by name and by commit: bump both when a release lands. The
+# commit is the reference, since git tags do not travel with a branch (a clone of main has no
+# tags: the first CI run of this test failed on exactly that).
 PREVIOUS = "v0.1.0"
+PREVIOUS_COMMIT = "52448cc89b4d486988696ee7508087f0346e91e0"
 RELEASE, SYSTEM, NS = "tsoracle", "tsoracle-system", "upgrade-app"
 # The old image under a tag of its own: both releases' charts say appVersion 0.1.0.
 OLD_IMAGE = images.normalise(f"{images.OPERATOR.repository}:{PREVIOUS}")
@@ -63,17 +67,25 @@ def _git(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True)
 
 
+def _have_previous() -> bool:
+    return _git("cat-file", "-e", f"{PREVIOUS_COMMIT}^{{commit}}").returncode == 0
+
+
 @pytest.fixture(scope="module")
 def previous_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The previous release's files, from its git tag (a missing tag fails, never skips)."""
-    if _git("rev-parse", "--verify", "--quiet", f"{PREVIOUS}^{{commit}}").returncode != 0:
-        pytest.fail(f"git tag {PREVIOUS} is not in this clone ({ROOT}): this test upgrades from "
-                    f"that release, built from the tag. A shallow or tag-less clone lacks it: run "
-                    f"`git fetch --tags origin` (or `git fetch --depth=1 origin tag {PREVIOUS}`) "
-                    "and run again; .ci/run fetches tags itself", pytrace=False)
+    """The previous release's files, from its commit (missing, it fails, never skips)."""
+    if not _have_previous() and _git("rev-parse", "--is-shallow-repository").stdout.strip() == \
+            "true":
+        for remote in _git("remote").stdout.split()[:1]:
+            _git("fetch", "--quiet", remote, PREVIOUS_COMMIT)
+    if not _have_previous():
+        pytest.fail(f"commit {PREVIOUS_COMMIT[:12]} (release {PREVIOUS}) is not in this clone "
+                    f"({ROOT}): this test upgrades from that release, built from its commit. A "
+                    f"shallow clone may lack it: run `git fetch --unshallow` and run again",
+                    pytrace=False)
     out = tmp_path_factory.mktemp("previous")
     tar = out / f"{PREVIOUS}.tar"
-    made = _git("archive", "--format=tar", "-o", str(tar), PREVIOUS)
+    made = _git("archive", "--format=tar", "-o", str(tar), PREVIOUS_COMMIT)
     assert made.returncode == 0, made.stderr
     tree = out / PREVIOUS
     tree.mkdir()

@@ -246,3 +246,34 @@ def test_metadata_files_of_refused_attempts_are_removed(url, tmp_path):
     current = Path(table.metadata_location).name
     # Every metadata file is one the table's history names: a refused attempt's is deleted.
     assert listed == kept | {current}, listed - kept - {current}
+
+
+def test_a_drop_whose_reply_was_lost_is_recognised_and_purged(pg, tmp_path):
+    """A drop leaves no pointer to find: its retried body took the gone table for one another
+    commit had moved, and the client got 404 NoSuchTable for a drop that had landed (its purge
+    never ran). Each commit's mark in iceberg_commits now tells."""
+    relay = LossyRelay(pg.port)
+    try:
+        url = relay.url(f"{pg.url()}?schema=c_{uuid.uuid4().hex[:8]}")
+        asyncio.run(tsoracle.init(url))
+        warehouse = tmp_path / "wh"
+        config = CatalogConfig(url=url, warehouse=str(warehouse), port=0)
+        with RunningCatalog(config) as running:
+            _prepare(running.url)
+            catalog = RestCatalog("w", uri=running.url)
+            catalog.load_table("db.t").append(pa.table({"id": [1, 2]}, schema=SCHEMA))
+            catalog.create_table("db.kept", schema=SCHEMA)
+            relay.arm(1)
+            catalog.purge_table("db.t")  # raised NoSuchTableError before
+            assert relay.lost == 1
+            assert not catalog.table_exists("db.t") and catalog.table_exists("db.kept")
+            folder = warehouse / "db" / "t"
+            deadline = time.monotonic() + 60
+            while any(folder.rglob("*.parquet")) or any(folder.rglob("*.avro")):
+                assert time.monotonic() < deadline, sorted(folder.rglob("*"))
+                time.sleep(0.2)
+            # The name is free again, and a table made under it starts empty.
+            fresh = catalog.create_table("db.t", schema=SCHEMA)
+            assert fresh.scan().to_arrow().num_rows == 0
+    finally:
+        relay.close()

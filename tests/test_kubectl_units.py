@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.kubectl import build_parser
-from tsoracle.kubectl.api import PluginError, condition
+from tsoracle.kubectl.api import Api, PluginError, condition
 from tsoracle.kubectl.fencing import fencing_args
 from tsoracle.kubectl.printer import print_, progress
 from tsoracle.kubectl.report import _pod_logs
@@ -166,3 +166,17 @@ def test_operator_pod_logs_are_named_by_namespace_and_pod():
     api = SimpleNamespace(core=core, plain=client.ApiClient().sanitize_for_serialization)
     assert _pod_logs(api) == {"operator-tso-op-1.log": "tso/op-1: 5000 lines",
                               "operator-tso-op-2.log": "(logs unavailable: Forbidden)"}
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("apiVersion: v1\nusers: [{name: u, user: {token: s3cr3t-token}}\nclusters: [",
+     "not valid YAML"),
+    ("just a string with s3cr3t-token in it\n", "not a kubeconfig"),
+])
+def test_a_kubeconfig_that_is_not_one_is_one_line_quoting_none_of_it(tmp_path, text, said):
+    """It escaped as yaml's ParserError or a TypeError traceback before."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    with pytest.raises(PluginError, match=f"no usable kubeconfig: it is {said}") as err:
+        Api(str(path), None)
+    assert "s3cr3t" not in str(err.value)

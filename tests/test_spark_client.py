@@ -162,3 +162,20 @@ def test_a_missing_or_bad_kubeconfig_is_a_config_error_that_says_what_to_set(tmp
         "contexts: [{name: c, context: {cluster: k, user: u}}]\n")
     with pytest.raises(tsoracle.ConfigError, match="cannot reach the Kubernetes API server"):
         OracleClient.from_resource("orders", "default", kubeconfig=str(unreachable))
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("apiVersion: v1\nusers: [{name: u, user: {token: s3cr3t-token}}\nclusters: [",
+     "not valid YAML"),
+    ("just a string with s3cr3t-token in it\n", "not a kubeconfig"),
+    ("- a list\n- s3cr3t-token\n", "not a kubeconfig"),
+])
+def test_a_kubeconfig_that_is_not_one_is_a_config_error_quoting_none_of_it(tmp_path, text, said):
+    """Malformed YAML escaped as yaml's ParserError, a plain string as a TypeError (a second
+    review of issue 28, item 7); the message must not quote the file, which holds tokens."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    with pytest.raises(tsoracle.ConfigError) as err:
+        OracleClient.from_resource("orders", "default", kubeconfig=str(path))
+    assert said in str(err.value) and "pass kubeconfig= the path" in str(err.value)
+    assert "s3cr3t" not in str(err.value)

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from tsoracle.errors import ConfigError, InvalidTimeline
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
@@ -25,6 +27,22 @@ GROUP = "tsoracle.io"
 VERSION = "v1alpha1"
 PLURAL = "timestamporacles"
 KIND = "TimestampOracle"
+
+
+# What reading a kubeconfig file can raise besides kubernetes' own ConfigException: a file that
+# is missing or unreadable, not YAML, or YAML of another shape (a plain string, a list).
+KUBECONFIG_FILE_ERRORS: tuple[type[Exception], ...] = (
+    OSError, yaml.YAMLError, TypeError, AttributeError, ValueError)
+
+
+def kubeconfig_problem(exc: Exception) -> str:
+    """What is wrong with a kubeconfig, in a phrase that quotes none of the file (its tokens)."""
+    if isinstance(exc, yaml.YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        return "it is not valid YAML" + (f" (line {mark.line + 1})" if mark else "")
+    if isinstance(exc, (TypeError, AttributeError, ValueError)):
+        return "it is not a kubeconfig (no clusters, users and contexts in it)"
+    return str(exc)
 
 
 @dataclass(frozen=True)

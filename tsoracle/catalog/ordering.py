@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
@@ -64,6 +65,7 @@ class Ordering:
         self._cleanup = cleanup
         self._queue: list[_Waiting] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._pruned_at = float("-inf")  # monotonic time of the last pruning of commit marks
         self.oracle = ReopeningOracle(
             lambda: open_oracle(url, timeline=timeline, implementation=None), name=timeline,
             still_lost=self._legacy_active)
@@ -161,8 +163,7 @@ class Ordering:
         outcome: dict[int, bool] = {}  # index -> landed, as the last complete body left it
 
         async def body(tx: Tx) -> dict[int, bool]:
-            first = next((members[i][1] for i, ok in outcome.items() if ok), None)
-            if first is not None and await _landed(tx, first):
+            if any(outcome.values()) and await state.committed(tx, self.timeline, ts):
                 return dict(outcome)  # ran before and its COMMIT landed; the reply was lost
             await state.claim(tx, self.timeline, ts)
             result: dict[int, bool] = {}
@@ -177,6 +178,7 @@ class Ordering:
                     result[i] = False
             if not any(result.values()):
                 raise _NothingLanded()
+            await state.record_commit(tx, self.timeline, ts, _now_ms())
             outcome.clear()
             outcome.update(result)
             return result
@@ -213,7 +215,20 @@ class Ordering:
                 CONFLICTS.labels("moved").inc()
                 w.retry()
         GROUP_SIZE.observe(len(landed))
+        await self._prune()
         return landed
+
+    async def _prune(self) -> None:
+        """Forget old commits' marks, once a minute at most (best effort: a failure only
+        leaves them for the next time)."""
+        now = time.monotonic()
+        if now - self._pruned_at < 60:
+            return
+        self._pruned_at = now
+        try:
+            await state.prune_commits(self.backend, self.timeline, _now_ms())
+        except OracleError as exc:
+            log.debug("pruning commit marks failed: %s", exc.__class__.__name__)
 
     async def _oracle_call(self, fn: Callable[[], Awaitable[R]]) -> R:
         try:
@@ -263,18 +278,5 @@ class _Waiting:
             self.done.set_exception(exc)
 
 
-async def _landed(tx: Tx, plan: Plan[Any]) -> bool:
-    """Whether this plan's effects are already there (a retried transaction body)."""
-    if plan.swaps:
-        first = plan.swaps[0]
-        found = await state.pointer(tx, first.namespace, first.name)
-        return found is not None and found.metadata_location == first.new
-    if plan.renames:
-        source, ns, name = plan.renames[0]
-        moved = await state.pointer(tx, ns, name)
-        still = await state.pointer(tx, source.namespace, source.name)
-        return still is None and moved is not None \
-            and moved.metadata_location == source.metadata_location
-    return False
-
-
+def _now_ms() -> int:
+    return int(time.time() * 1000)

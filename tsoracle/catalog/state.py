@@ -2,7 +2,10 @@
 
 A table is a pointer to its current metadata file; a commit moves it by compare-and-set. The
 upper, one row per timeline, is the highest timestamp anything committed at or anyone read at:
-a commit at W lands only if W is above it, and raises it to W in the same transaction.
+a commit at W lands only if W is above it, and raises it to W in the same transaction. Each
+commit also leaves a row (timeline, W) in the same transaction: W is never handed out twice, so
+a retried transaction whose COMMIT reply was lost asks that row whether it landed, whatever the
+commit did (a drop leaves no pointer to look at) and whatever landed on its tables since.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from dataclasses import dataclass
 
 from tsoracle.store import Backend, Tx, schema
 
-TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers")
+TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers", "iceberg_commits")
+# How long a commit's row stays: far beyond any retry of its transaction (seconds), and beyond
+# any clock difference between replicas (the row is stamped and pruned by their wall clocks).
+COMMIT_ROWS_KEPT_MS = 24 * 3600 * 1000
 
 _DDL = (
     """CREATE TABLE IF NOT EXISTS {iceberg_namespaces} (
@@ -24,6 +30,9 @@ _DDL = (
         metadata_location TEXT NOT NULL, PRIMARY KEY (namespace, name))""",
     """CREATE TABLE IF NOT EXISTS {iceberg_uppers} (
         timeline TEXT PRIMARY KEY, upper {u64:upper} NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS {iceberg_commits} (
+        timeline TEXT NOT NULL, ts {u64:ts} NOT NULL, at_ms BIGINT NOT NULL,
+        PRIMARY KEY (timeline, ts))""",
 )
 
 SEP = "\x1f"  # between namespace levels in a row (the REST spec's own separator in URLs)
@@ -207,6 +216,27 @@ async def claim(tx: Tx, timeline: str, ts: int) -> None:
     """Take `ts` as this transaction's commit timestamp, or raise `Superseded`."""
     if not await raise_upper(tx, timeline, ts):
         raise Superseded(f"the catalog's upper on {timeline!r} is at or above {ts}")
+
+
+async def record_commit(tx: Tx, timeline: str, ts: int, now_ms: int) -> None:
+    """Leave the mark that the transaction committing at `ts` landed."""
+    await tx.fetch("INSERT INTO {iceberg_commits} (timeline, ts, at_ms)"
+                   " VALUES (%(t)s, %(ts)s::numeric, %(at)s)",
+                   {"t": timeline, "ts": tx.dialect.encode_ts(ts), "at": now_ms})
+
+
+async def committed(tx: Tx, timeline: str, ts: int) -> bool:
+    """Whether a transaction committing at `ts` landed (its mark is there)."""
+    rows = await tx.fetch("SELECT 1 FROM {iceberg_commits} WHERE timeline = %(t)s"
+                          " AND ts = %(ts)s::numeric",
+                          {"t": timeline, "ts": tx.dialect.encode_ts(ts)})
+    return bool(rows)
+
+
+async def prune_commits(backend: Backend, timeline: str, now_ms: int) -> None:
+    await backend.fetch("DELETE FROM {iceberg_commits} WHERE timeline = %(t)s"
+                        " AND at_ms < %(cut)s",
+                        {"t": timeline, "cut": now_ms - COMMIT_ROWS_KEPT_MS})
 
 
 async def upper(backend: Backend, timeline: str) -> int:

@@ -9,7 +9,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tsoracle.resource import GROUP, PLURAL, VERSION
+from tsoracle.resource import GROUP, KUBECONFIG_FILE_ERRORS, PLURAL, VERSION, kubeconfig_problem
 
 
 class PluginError(Exception):
@@ -20,6 +20,7 @@ class Api:
     """The kubeconfig's client and the namespace the command works in."""
 
     def __init__(self, kubeconfig: str | None, namespace: str | None) -> None:
+        unusable: tuple[type[Exception], ...] = (config.ConfigException, *KUBECONFIG_FILE_ERRORS)
         try:
             if kubeconfig:
                 self.client = config.new_client_from_config(kubeconfig)
@@ -28,8 +29,8 @@ class Api:
                 config.load_kube_config()
                 self.client = client.ApiClient()
                 _, ctx = config.list_kube_config_contexts()
-        except (config.ConfigException, OSError) as exc:
-            raise PluginError(f"no usable kubeconfig: {exc}") from None
+        except unusable as exc:
+            raise PluginError(f"no usable kubeconfig: {kubeconfig_problem(exc)}") from None
         self.namespace = namespace or ctx.get("context", {}).get("namespace") or "default"
         self.custom = client.CustomObjectsApi(self.client)
         self.core = client.CoreV1Api(self.client)

@@ -63,13 +63,16 @@ class OracleClient:
 
         from tsoracle.resource import (
             GROUP,
+            KUBECONFIG_FILE_ERRORS,
             PLURAL,
             VERSION,
+            kubeconfig_problem,
             parse_spec,
             read_secret_url_sync,
             resource_url,
         )
 
+        unusable: tuple[type[Exception], ...] = (config.ConfigException, *KUBECONFIG_FILE_ERRORS)
         try:
             if kubeconfig:
                 api_client = config.new_client_from_config(kubeconfig)
@@ -79,10 +82,11 @@ class OracleClient:
                 except config.ConfigException:
                     config.load_kube_config()
                 api_client = client.ApiClient()
-        except (config.ConfigException, OSError) as exc:
+        except unusable as exc:
             where = f"kubeconfig={kubeconfig!r}" if kubeconfig else (
                 "$KUBECONFIG or ~/.kube/config (outside a pod)")
-            raise ConfigError(f"no usable Kubernetes configuration in {where}: {exc}; pass "
+            raise ConfigError(f"no usable Kubernetes configuration in {where}: "
+                              f"{kubeconfig_problem(exc)}; pass "
                               "kubeconfig= the path of a working kubeconfig, set $KUBECONFIG, "
                               "or run inside a pod with a ServiceAccount") from None
         try:

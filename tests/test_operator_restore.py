@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -70,6 +71,27 @@ class Writer:
             await oracle.close()
 
 
+# A writer in a process of its own, started after the repair: it has no high-water mark of its
+# own, so only the operator's repair stands between it and a timestamp handed out before.
+LATE_PROCESS = """
+import asyncio, sys, tsoracle
+async def main():
+    async with tsoracle.connect(sys.argv[1], timeline=sys.argv[2]) as oracle:
+        for _ in range(int(sys.argv[3])):
+            w = await oracle.write_ts()
+            print(w.timestamp, flush=True)
+            await oracle.apply_write(w.timestamp)
+asyncio.run(main())
+"""
+
+
+def _late_process(url: str, timeline: str, writes: int) -> list[int]:
+    proc = subprocess.run([sys.executable, "-c", LATE_PROCESS, url, timeline, str(writes)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [int(line) for line in proc.stdout.split()]
+
+
 def _resource(schema: str) -> str:
     return json.dumps({
         "apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
@@ -97,6 +119,7 @@ def test_a_restored_database_is_moved_forward_and_nothing_is_handed_out_twice(
     kube.kubectl("-n", ns, "apply", "-f", "-", stdin=_resource(schema))
     kube.wait_tso(ns, "restored", lambda o: is_ready(o) and "highWater" in o["status"])
     live = [Writer(url, COUNTER).start(), Writer(url, COUNTER).start(), Writer(url, MS).start()]
+    late: Writer | None = None
     fallbacks_before = tsoracle.oracle.metrics.FALLBACK.total()
     try:
         time.sleep(2)
@@ -125,15 +148,19 @@ def test_a_restored_database_is_moved_forward_and_nothing_is_handed_out_twice(
                 [(w.timeline, len(w.seen), c, w.fallbacks, w.errors[-1:]) for w, c in
                  zip(live, counts, strict=True)], healed["status"].get("timelines"))
             time.sleep(0.1)
-        late = Writer(url, COUNTER).start()  # a process started after the repair
+        late = Writer(url, COUNTER).start()  # a new writer in this process, after the repair
         while len(late.seen) < 50:
             time.sleep(0.05)
+        # Processes of their own, started after the repair, while the live writers run on.
+        fresh = {COUNTER: _late_process(url, COUNTER, 50), MS: _late_process(url, MS, 50)}
+        assert all(len(v) == 50 for v in fresh.values()), fresh
     finally:
-        for w in live:
+        for w in [*live, *([late] if late else [])]:
             w.halt()
-    late.halt()
+    assert late is not None
     for timeline in (COUNTER, MS):
         handed = [t for w in [*live, late] if w.timeline == timeline for t in w.seen]
+        handed += fresh[timeline]
         assert len(handed) == len(set(handed)), f"{timeline}: a timestamp handed out twice"
     assert not [e for w in [*live, late] for e in w.errors if "TimestampFallback" not in e]
     # Each refused answer is counted. (How many there are depends on timing: an apply_write of

@@ -142,13 +142,13 @@ def at_epoch(epoch: int):
 
 
 def test_watch_timeouts_come_from_the_environment_and_are_checked() -> None:
-    assert from_environment({}).watch == WatchTimeouts(server_s=300, client_s=330, connect_s=30)
+    assert from_environment({}).watch == WatchTimeouts(server_s=60, client_s=90, connect_s=30)
     got = from_environment({WATCH_SERVER_TIMEOUT_ENV: "10", WATCH_CLIENT_TIMEOUT_ENV: "15.5"})
     assert (got.watch.server_s, got.watch.client_s) == (10, 15.5)
     # The API server refuses timeoutSeconds=10.0 (400 Bad Request): whole seconds only.
     for bad in ({WATCH_SERVER_TIMEOUT_ENV: "10.5"}, {WATCH_CLIENT_TIMEOUT_ENV: "soon"},
                 {WATCH_CLIENT_TIMEOUT_ENV: "0"}, {WATCH_CLIENT_TIMEOUT_ENV: "inf"},
-                {WATCH_SERVER_TIMEOUT_ENV: "400"}):  # not below the client's 330
+                {WATCH_SERVER_TIMEOUT_ENV: "100"}):  # not below the client's 90
         with pytest.raises(ConfigError) as err:
             from_environment(bad)
         assert next(iter(bad)) in str(err.value)

@@ -37,9 +37,11 @@ class WatchTimeouts:
     is replaced at most `client_s` after it was opened."""
 
     # Whole seconds: kopf sends it as the request's timeoutSeconds, and the API server answers
-    # "300.0" with 400 Bad Request. Its own default is a random 30-60 minutes.
-    server_s: int = 300
-    client_s: float = 330.0  # above server_s: a healthy stream is ended by the server first
+    # "60.0" with 400 Bad Request. Its own default is a random 30-60 minutes. Short: a silent
+    # stream hides changes for up to twice client_s (docs/operator.md), and a re-watch from the
+    # last resourceVersion is cheap.
+    server_s: int = 60
+    client_s: float = 90.0  # above server_s: a healthy stream is ended by the server first
     connect_s: float = 30.0  # TCP and TLS to the API server
 
     def __post_init__(self) -> None:

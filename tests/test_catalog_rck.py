@@ -1,6 +1,6 @@
-"""Apache Iceberg's REST Compatibility Kit against `tsoracle catalog`, on SQLite and on
-PostgreSQL, with Iceberg's own reference server run by the kit in the same session as the bar:
-zero failures, and at least as many successes.
+"""Apache Iceberg's REST Compatibility Kit against `tsoracle catalog serve` (the command, as a
+process of its own), on SQLite and on PostgreSQL, with Iceberg's own reference server run by
+the kit in the same session as the bar: zero failures, and at least as many successes.
 
 The kit's switches: `rck.requires-namespace-create` (this catalog refuses a table in a
 namespace nobody created, as the issue asks; the kit then checks that refusal too) and
@@ -12,11 +12,15 @@ locations under /tmp outside any warehouse, which the catalog allows only when t
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 import tsoracle
-from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
 from tsoracle_dev.rck import reference_server, run_kit
 
 pytestmark = pytest.mark.slow  # two JVMs per run of the kit, about 30 s each
@@ -34,13 +38,31 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
     return result
 
 
+@contextmanager
+def catalog_serve(url: str, warehouse: Path, token_file: Path) -> Iterator[str]:
+    """`tsoracle catalog serve` as a user runs it; yields the address it prints."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tsoracle.cli", "catalog", "serve", "--url", url,
+         "--warehouse", warehouse.as_uri(), "--port", "0", "--token-file", str(token_file),
+         "--allow-location", "file:///tmp"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline().strip()
+        assert line.startswith("catalog: http://127.0.0.1:"), (line, proc.stderr.read())
+        yield line.split(" ", 1)[1]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+
+
 def test_the_kit_passes_against_tsoracle_catalog(url, tmp_path, reference):
     asyncio.run(tsoracle.init(url))
     warehouse = tmp_path / "warehouse"
-    config = CatalogConfig(url=url, warehouse=str(warehouse), port=0, token=TOKEN,
-                           allowed_locations=("file:///tmp",))
-    with RunningCatalog(config) as running:
-        result = run_kit(running.url, warehouse.as_uri(), report_dir=tmp_path / "reports",
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with catalog_serve(url, warehouse, token_file) as uri:
+        result = run_kit(uri, warehouse.as_uri(), report_dir=tmp_path / "reports",
                          env={**SWITCHES, "CATALOG_TOKEN": TOKEN})
     print(f"tsoracle catalog: {result.summary()}; reference: {reference.summary()}")
     assert result.failed == 0, result.failures

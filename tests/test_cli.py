@@ -321,6 +321,9 @@ def test_the_papercuts_a_newcomer_met(url):
         assert done.returncode == 0 and f"fencing is now {mode}" in done.stdout, done.stderr
     assert "stale reads" in tso("fencing", "disabled", url=url).stderr
     assert "stale reads" not in tso("fencing", "always", url=url).stderr
+    init_off = tso("init", "--fencing", "off", url=url)  # init sets a mode too, and says so
+    assert init_off.returncode == 0 and "fencing Disabled" in init_off.stdout, init_off.stderr
+    assert "stale reads" in init_off.stderr
     refused = tso("fencing", "sometimes", url=url)
     assert refused.returncode == 2 and "Always, Rollout, Disabled" in refused.stderr
     # Status names the database (password masked) and a rollout state that matches the mode.

@@ -218,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _warn_mode(mode: str | None) -> None:
+    """What a fencing mode gives up, on stderr, wherever a command sets it."""
+    if mode in MODE_WARNINGS:
+        print(f"tsoracle: {MODE_WARNINGS[mode]}", file=sys.stderr)
+
+
 async def _run(args: argparse.Namespace) -> int:
     out = args.output
     if args.command == "init":
@@ -225,6 +231,7 @@ async def _run(args: argparse.Namespace) -> int:
                           initial_ts=args.initial_ts, implementation=args.implementation,
                           fencing=args.fencing)
         emit({"deployment": done.deployment, "created": done.created}, out, _init_text)
+        _warn_mode(args.fencing)
         return 0
     if args.command == "status":
         st = (await read_status(args.url)).as_dict()
@@ -247,8 +254,7 @@ async def _run(args: argparse.Namespace) -> int:
         emit({"deployment": dep}, out,
              lambda d: f"fencing is now {d['deployment']['fence']} "
                        f"(epoch {d['deployment']['epoch']})")
-        if args.mode in MODE_WARNINGS:
-            print(f"tsoracle: {MODE_WARNINGS[args.mode]}", file=sys.stderr)
+        _warn_mode(args.mode)
         return 0
     if args.command == "finish-rollout":
         before = (await read_status(args.url)).deployment

@@ -503,13 +503,19 @@ def test_api_server_rejects_bad_catalogs(kube, chart):
             ({"enabled": True, "warehouse": "s3://b/w", "replicas": 0}, "spec.catalog.replicas"),
             ({"enabled": True, "warehouse": "s3://b/w", "timeline": "counter:x"},
              "spec.catalog.timeline must be one of spec.timelines"),
+            ({"enabled": True, "warehouse": "file:///w", "volume": {"hostPath": "/w"},
+              "ioProperties": {"s3.region": "x"}}, "are for an s3:// warehouse"),
+            ({"enabled": True, "warehouse": "s3://b/w", "credentialsSecretRef": {}},
+             "spec.catalog.credentialsSecretRef.name"),
             ({"enabled": True, "warehouse": "s3://b/w",
               "resources": {"limits": {"memory": "lots"}}}, "spec.catalog.resources.limits"),
     ]:
         r = apply(catalog)
         assert r.returncode != 0 and says in r.stderr, (catalog, r.stderr)
     r = apply({"enabled": True, "warehouse": "s3://b/w", "timeline": "counter:x",
-               "resources": {"requests": {"cpu": 1, "memory": "256Mi"}}},
+               "resources": {"requests": {"cpu": 1, "memory": "256Mi"}},
+               "ioProperties": {"s3.endpoint": "http://minio:9000"},
+               "credentialsSecretRef": {"name": "lake-s3"}},
               timelines=["EpochMilliseconds", "counter:x"])
     assert r.returncode == 0, r.stderr
     shown = json.loads(kube.kubectl("-n", ns, "apply", "--dry-run=server", "-o", "json", "-f",

@@ -96,6 +96,16 @@ def test_defaults_follow_the_resource():
     ({"tokenSecretRef": {"key": "t"}}, "spec.catalog.tokenSecretRef.name is required"),
     ({"resources": {"limits": {"memory": "lots"}}},
      "spec.catalog.resources.limits.memory 'lots' is not a quantity"),
+    ({"ioProperties": {"s3.endpoint": "http://minio:9000"}},
+     "a file:// warehouse takes none"),
+    ({"credentialsSecretRef": {"name": "s3"}}, "a file:// warehouse needs none"),
+    ({"warehouse": "s3://lake/t", "volume": None,
+      "ioProperties": {"s3.secret-access-key": "x"}},
+     "spec.catalog.ioProperties.s3.secret-access-key would put a credential in the resource"),
+    ({"warehouse": "s3://lake/t", "volume": None, "ioProperties": {"a=b": "x"}},
+     "is not a FileIO setting's name"),
+    ({"warehouse": "s3://lake/t", "volume": None, "credentialsSecretRef": {"name": "Bad_Name"}},
+     "spec.catalog.credentialsSecretRef.name 'Bad_Name' is not a Secret name"),
 ])
 def test_a_bad_catalog_spec_names_the_field(catalog_fields, says):
     with pytest.raises(ConfigError) as caught:
@@ -292,3 +302,22 @@ def test_status_carries_the_catalog_and_drops_it_once_disabled():
     assert "catalog" not in patch
     said = {c["type"]: c for c in patch["conditions"]}["CatalogReady"]
     assert (said["status"], said["reason"]) == ("Unknown", "BackendUnavailable")
+
+
+def test_an_object_store_gets_its_settings_as_arguments_and_credentials_from_a_secret():
+    spec = spec_with(warehouse="s3://lake/tables", volume=None,
+                     ioProperties={"s3.region": "eu-west-1", "s3.endpoint": "http://minio:9000"},
+                     credentialsSecretRef={"name": "lake-s3"})
+    want = catalog.desired(spec, OWNER, "tsoracle:1", "?schema=tsoracle_orders")
+    [container] = want.deployment["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    pairs = [args[i + 1] for i, a in enumerate(args) if a == "--io-property"]
+    assert pairs == ["s3.endpoint=http://minio:9000", "s3.region=eu-west-1"]  # sorted: stable
+    assert container["envFrom"] == [{"secretRef": {"name": "lake-s3"}}]
+    assert not any(v["name"] == "warehouse" for v in
+                   want.deployment["spec"]["template"]["spec"]["volumes"])
+    # A changed setting is a changed Deployment (the digest moves, the pods roll).
+    other = spec_with(warehouse="s3://lake/tables", volume=None,
+                      ioProperties={"s3.region": "us-east-1"})
+    assert catalog.desired(other, OWNER, "tsoracle:1", "?schema=tsoracle_orders").digest != \
+        want.digest

@@ -18,6 +18,7 @@ import yaml
 from tsoracle.errors import ConfigError, InvalidTimeline
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS, parse_timeline
+from tsoracle.redact import names_a_secret
 from tsoracle.store import with_schema
 
 if TYPE_CHECKING:
@@ -63,6 +64,10 @@ class CatalogSpec:
     token_secret: str = ""  # a Secret holding the bearer token; "": no token required
     token_key: str = "token"
     volume: CatalogVolume | None = None  # file:// warehouses only (and required there)
+    # An object store's FileIO settings (`--io-property`), and a Secret whose keys become the
+    # container's environment: the credentials the FileIO reads (s3:// warehouses only).
+    io_properties: tuple[tuple[str, str], ...] = ()
+    credentials_secret: str = ""
     # Container resources, as Kubernetes has them: {"requests": {...}, "limits": {...}}.
     resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
@@ -159,7 +164,41 @@ def parse_catalog(catalog: Mapping[str, Any], timelines: tuple[str, ...]) -> Cat
         timeline=timeline, replicas=replicas,
         token_secret=str(token.get("name") or ""), token_key=str(token.get("key") or "token"),
         volume=_catalog_volume(catalog.get("volume"), warehouse),
-        resources=_catalog_resources(catalog.get("resources") or {}))
+        resources=_catalog_resources(catalog.get("resources") or {}),
+        io_properties=_catalog_io(catalog.get("ioProperties") or {}, warehouse),
+        credentials_secret=_catalog_credentials(catalog.get("credentialsSecretRef") or {},
+                                                warehouse))
+
+
+def _catalog_io(properties: Mapping[str, Any], warehouse: str) -> tuple[tuple[str, str], ...]:
+    if properties and warehouse.startswith("file://"):
+        raise ConfigError("spec.catalog.ioProperties are an object store's settings; a file:// "
+                          "warehouse takes none")
+    out = []
+    for key, value in sorted(properties.items()):
+        if not str(key).strip() or "=" in str(key):
+            raise ConfigError(f"spec.catalog.ioProperties: {key!r} is not a FileIO setting's "
+                              "name (for example s3.endpoint)")
+        if names_a_secret(str(key)):
+            raise ConfigError(f"spec.catalog.ioProperties.{key} would put a credential in the "
+                              "resource, where anyone who reads it sees it: put it in the "
+                              "Secret of spec.catalog.credentialsSecretRef (as "
+                              "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN for S3)")
+        out.append((str(key), str(value)))
+    return tuple(out)
+
+
+def _catalog_credentials(ref: Mapping[str, Any], warehouse: str) -> str:
+    if not ref:
+        return ""
+    if warehouse.startswith("file://"):
+        raise ConfigError("spec.catalog.credentialsSecretRef is for an object store; a file:// "
+                          "warehouse needs none")
+    name = str(ref.get("name") or "")
+    if not name or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        raise ConfigError(f"spec.catalog.credentialsSecretRef.name {name!r} is not a Secret "
+                          "name")
+    return name
 
 
 def _catalog_volume(volume: Mapping[str, Any] | None, warehouse: str) -> CatalogVolume | None:

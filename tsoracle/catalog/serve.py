@@ -23,7 +23,7 @@ from tsoracle.catalog.service import Catalog
 from tsoracle.errors import ConfigError, OracleUnavailable
 from tsoracle.oracle.connect import open_instrumented_backend
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
-from tsoracle.redact import password_forms, redact_texts
+from tsoracle.redact import names_a_secret, password_forms, redact_texts
 from tsoracle.store import parse_url
 
 T = TypeVar("T")
@@ -50,7 +50,7 @@ def parse_io_property(text: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise ConfigError(f"--io-property {text!r} is not KEY=VALUE (for example "
                           "s3.endpoint=http://minio:9000)")
-    if any(word in key.lower() for word in ("secret", "token", "password", "session")):
+    if names_a_secret(key):
         raise ConfigError(f"--io-property {key.strip()} would put a secret on the command line, "
                           "where process lists and pod specs show it: give credentials in "
                           "the environment the FileIO reads (AWS_ACCESS_KEY_ID, "

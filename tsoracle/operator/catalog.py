@@ -92,6 +92,8 @@ def desired(spec: OracleSpec, owner: Owner, image: str, suffix: str) -> Desired:
     args = ["catalog", "serve", "--warehouse", catalog.warehouse, "--host", "0.0.0.0",
             "--port", str(HTTP_PORT), "--metrics-port", str(METRICS_PORT),
             "--timeline", catalog.timeline]
+    for key, value in catalog.io_properties:
+        args += ["--io-property", f"{key}={value}"]
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     if catalog.token_secret:
@@ -128,6 +130,10 @@ def desired(spec: OracleSpec, owner: Owner, image: str, suffix: str) -> Desired:
                             "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": mounts,
     }
+    if catalog.credentials_secret:
+        # Every key of the Secret becomes a variable (AWS_ACCESS_KEY_ID, ...): the kubelet
+        # fills them in, so they are in no argument and no object the operator writes.
+        container["envFrom"] = [{"secretRef": {"name": catalog.credentials_secret}}]
     if catalog.resources:
         container["resources"] = {k: dict(v) for k, v in catalog.resources.items()}
     deployment: dict[str, Any] = {

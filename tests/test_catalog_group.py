@@ -94,3 +94,27 @@ def _const(plan: Plan[str]):
     async def build(ts: int, attempt: int) -> Plan[str]:
         return plan
     return build
+
+
+async def test_an_unexpected_failure_answers_the_group_instead_of_hanging(url, tmp_path,
+                                                                       monkeypatch):
+    """A failure of no expected kind inside a group's landing left its requests waiting
+    forever (their futures were never resolved); now each gets the error, and the catalog
+    serves the next commit."""
+    catalog = await _catalog(url, tmp_path / "wh")
+    try:
+        names = await _tables(catalog, 2)
+
+        async def broken(*args: object) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(state, "record_commit", broken)
+        outcomes = await asyncio.wait_for(asyncio.gather(
+            *(catalog.commit([_set(n, "x")]) for n in names), return_exceptions=True), 30)
+        assert [type(o) for o in outcomes] == [RuntimeError, RuntimeError]
+        monkeypatch.undo()
+        done = await asyncio.wait_for(catalog.commit([_set(names[0], "y")]), 30)
+        assert done[0].metadata.properties["k"] == "y"
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()

@@ -115,7 +115,14 @@ class Ordering:
         try:
             while self._queue:
                 group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
-                await self._flush(group)
+                try:
+                    await self._flush(group)
+                except Exception as exc:
+                    # Unexpected (a bug): answer the group's requests rather than leave them
+                    # waiting forever; what already landed was answered already.
+                    log.error("a commit group failed unexpectedly: %s", exc.__class__.__name__)
+                    for w in group:
+                        w.fail(exc)
         finally:
             self._flusher = None
 

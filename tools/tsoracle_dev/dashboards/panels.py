@@ -153,6 +153,16 @@ ALERTS = [
      "it already saw, and refuses every call on it until the timeline is moved "
      "forward above what clients saw: the operator does it within a pass; without "
      "it, `tsoracle advance`"),
+    # The operator repaired a restored database by itself: someone should know, and check what
+    # the repair cannot cover (the runbook). Fires at once and stays for half an hour.
+    ("TsoracleBackendRewound",
+     "sum by (job) (increase(tsoracle_operator_backend_rewinds_total[30m])) > 0",
+     "0m", "warning", "the operator moved a restored oracle database forward",
+     "backend-rewound",
+     "the operator found the database of a TimestampOracle gone back in time (restored "
+     "from a backup or to an earlier point) and moved its timelines above the resource's "
+     "high-water mark, with a new epoch: the BackendRewound Event names the resource; "
+     "check what was handed out between the restore and the repair"),
 ]
 
 ALERT_SIGNALS = {
@@ -166,4 +176,6 @@ ALERT_SIGNALS = {
         "max by (namespace, name) (tsoracle_operator_rollout_in_progress)"],
     "TsoracleTimestampFallback": [
         "sum by (job, timeline) (increase(tsoracle_timestamp_fallback_total[5m]))"],
+    "TsoracleBackendRewound": [
+        "sum by (job) (increase(tsoracle_operator_backend_rewinds_total[30m]))"],
 }

@@ -432,9 +432,11 @@ def status_patch(outcome: Outcome, spec: OracleSpec | None, old_status: Mapping[
         patch["epoch"] = st.deployment.epoch
         patch["incarnation"] = st.deployment.incarnation
         patch["fencing"] = st.deployment.fence
+        # No lagMs where there is none (a counter, nothing applied yet): a null in a status
+        # is kept by one kind of patch and dropped by another, so readers saw it come and go.
         patch["timelines"] = [
             {"name": t.timeline, "readTs": str(t.read_ts), "writeTs": str(t.write_ts),
-             "lagMs": t.lag_ms}
+             **({"lagMs": t.lag_ms} if t.lag_ms is not None else {})}
             for t in st.timelines
         ]
     if outcome.bootstrap:

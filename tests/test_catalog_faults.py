@@ -1,6 +1,7 @@
-"""The catalog under faults: lost COMMIT replies, injected serialization failures (both made on
-a real PostgreSQL by tsoracle_dev.pgfaults), flips of the oracle under load, and a replica
-killed in the middle of commits. In each, pyiceberg writers append one id per commit; then:
+"""The catalog under faults: lost COMMIT replies (for every kind of commit, and with two
+replicas serving), injected serialization failures (both made on a real PostgreSQL by
+tsoracle_dev.pgfaults), flips of the oracle under load, and a replica killed in the middle of
+commits. In the load tests, pyiceberg writers append one id per commit; then:
 
 - every acknowledged append is in the table exactly once (nothing acknowledged is lost);
 - no id is there twice (nothing committed twice), and nothing that was never sent;
@@ -23,7 +24,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,24 @@ def _prepare(uri: str) -> None:
     catalog.create_table("db.t", schema=SCHEMA)
 
 
+@contextmanager
+def lossy(pg: Any, tmp_path: Path, *, seed: int | None = None,
+          replicas: int = 1) -> Iterator[tuple[LossyRelay, list[RunningCatalog]]]:
+    """Catalog replicas on a fresh schema of the real PostgreSQL, reached through a relay that
+    loses replies; `db.t` made."""
+    relay = LossyRelay(pg.port, seed=seed)
+    try:
+        url = relay.url(f"{pg.url()}?schema=c_{uuid.uuid4().hex[:8]}")
+        asyncio.run(tsoracle.init(url))
+        config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
+        with ExitStack() as stack:
+            running = [stack.enter_context(RunningCatalog(config)) for _ in range(replicas)]
+            _prepare(running[0].url)
+            yield relay, running
+    finally:
+        relay.close()
+
+
 def _run_writers(uri: Callable[[], str], writers: int, per_writer: int,
                  during: Callable[[], None] | None = None) -> tuple[Appends, set[int]]:
     out = Appends()
@@ -117,44 +137,28 @@ def _run_writers(uri: Callable[[], str], writers: int, per_writer: int,
 
 
 def test_lost_commit_replies_neither_duplicate_nor_lose_a_commit(pg, tmp_path):
-    relay = LossyRelay(pg.port, seed=7)
-    try:
-        url = relay.url(f"{pg.url()}?schema=c_{uuid.uuid4().hex[:8]}")
-        asyncio.run(tsoracle.init(url))
-        config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
-        with RunningCatalog(config) as running:
-            _prepare(running.url)
-            relay.rate = 0.05
-            out, sent = _run_writers(lambda: running.url, writers=3, per_writer=12)
-            relay.rate = 0.0
-            check_table(running.url, out, sent)
-        assert relay.lost > 0
-        assert len(out.acknowledged) >= len(sent) // 2, out
-    finally:
-        relay.close()
+    with lossy(pg, tmp_path, seed=7) as (relay, [running]):
+        relay.rate = 0.05
+        out, sent = _run_writers(lambda: running.url, writers=3, per_writer=12)
+        relay.rate = 0.0
+        check_table(running.url, out, sent)
+    assert relay.lost > 0
+    assert len(out.acknowledged) >= len(sent) // 2, out
 
 
 def test_a_commit_whose_reply_was_lost_is_recognised_not_redone(pg, tmp_path):
     """The next COMMIT reply after each `arm` is lost: the catalog's own transaction's. Its
-    retried body finds the pointer already moved to its file and answers success."""
-    relay = LossyRelay(pg.port)
-    try:
-        url = relay.url(f"{pg.url()}?schema=c_{uuid.uuid4().hex[:8]}")
-        asyncio.run(tsoracle.init(url))
-        config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
-        with RunningCatalog(config) as running:
-            _prepare(running.url)
-            table = RestCatalog("w", uri=running.url).load_table("db.t")
-            for i in range(4):
-                relay.arm(1)
-                table.append(pa.table({"id": [i]}, schema=SCHEMA))
-                assert relay.lost == i + 1
-            found = RestCatalog("c", uri=running.url).load_table("db.t")
-            assert sorted(found.scan().to_arrow()["id"].to_pylist()) == [0, 1, 2, 3]
-            assert len(found.snapshots()) == 4
-            assert_files_exist(found)
-    finally:
-        relay.close()
+    retried body finds its commit mark and answers success."""
+    with lossy(pg, tmp_path) as (relay, [running]):
+        table = RestCatalog("w", uri=running.url).load_table("db.t")
+        for i in range(4):
+            relay.arm(1)
+            table.append(pa.table({"id": [i]}, schema=SCHEMA))
+            assert relay.lost == i + 1
+        found = RestCatalog("c", uri=running.url).load_table("db.t")
+        assert sorted(found.scan().to_arrow()["id"].to_pylist()) == [0, 1, 2, 3]
+        assert len(found.snapshots()) == 4
+        assert_files_exist(found)
 
 
 def test_injected_serialization_failures_are_retried_unseen(pg, database, tmp_path):
@@ -254,32 +258,22 @@ def test_a_drop_whose_reply_was_lost_is_recognised_and_purged(pg, tmp_path):
     """A drop leaves no pointer to find: its retried body took the gone table for one another
     commit had moved, and the client got 404 NoSuchTable for a drop that had landed (its purge
     never ran). Each commit's mark in iceberg_commits now tells."""
-    relay = LossyRelay(pg.port)
-    try:
-        url = relay.url(f"{pg.url()}?schema=c_{uuid.uuid4().hex[:8]}")
-        asyncio.run(tsoracle.init(url))
-        warehouse = tmp_path / "wh"
-        config = CatalogConfig(url=url, warehouse=str(warehouse), port=0)
-        with RunningCatalog(config) as running:
-            _prepare(running.url)
-            catalog = RestCatalog("w", uri=running.url)
-            catalog.load_table("db.t").append(pa.table({"id": [1, 2]}, schema=SCHEMA))
-            catalog.create_table("db.kept", schema=SCHEMA)
-            relay.arm(1)
-            catalog.purge_table("db.t")  # raised NoSuchTableError before
-            assert relay.lost == 1
-            assert not catalog.table_exists("db.t") and catalog.table_exists("db.kept")
-            folder = warehouse / "db" / "t"
-            deadline = time.monotonic() + 60
-            while any(folder.rglob("*.parquet")) or any(folder.rglob("*.avro")):
-                assert time.monotonic() < deadline, sorted(folder.rglob("*"))
-                time.sleep(0.2)
-            # The name is free again, and a table made under it starts empty.
-            fresh = catalog.create_table("db.t", schema=SCHEMA)
-            assert fresh.scan().to_arrow().num_rows == 0
-    finally:
-        relay.close()
-
+    with lossy(pg, tmp_path) as (relay, [running]):
+        catalog = RestCatalog("w", uri=running.url)
+        catalog.load_table("db.t").append(pa.table({"id": [1, 2]}, schema=SCHEMA))
+        catalog.create_table("db.kept", schema=SCHEMA)
+        relay.arm(1)
+        catalog.purge_table("db.t")  # raised NoSuchTableError before
+        assert relay.lost == 1
+        assert not catalog.table_exists("db.t") and catalog.table_exists("db.kept")
+        folder = tmp_path / "wh" / "db" / "t"
+        deadline = time.monotonic() + 60
+        while any(folder.rglob("*.parquet")) or any(folder.rglob("*.avro")):
+            assert time.monotonic() < deadline, sorted(folder.rglob("*"))
+            time.sleep(0.2)
+        # The name is free again, and a table made under it starts empty.
+        fresh = catalog.create_table("db.t", schema=SCHEMA)
+        assert fresh.scan().to_arrow().num_rows == 0
 
 def _post(url: str, body: dict[str, Any]) -> int:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
@@ -297,60 +291,43 @@ def _properties(name: str, step: str) -> dict[str, Any]:
 
 def test_renames_transactions_and_schema_changes_whose_reply_was_lost_land_once(pg, tmp_path):
     """Every kind of commit, its COMMIT reply lost: answered as landed, and landed once."""
-    relay = LossyRelay(pg.port)
-    try:
-        url = relay.url(f"{pg.url()}?schema=c_{uuid.uuid4().hex[:8]}")
-        asyncio.run(tsoracle.init(url))
-        config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
-        with RunningCatalog(config) as running:
-            _prepare(running.url)
-            catalog = RestCatalog("w", uri=running.url)
-            for name in ("a", "b"):
-                catalog.create_table(f"db.{name}", schema=SCHEMA)
-            relay.arm(1)
-            catalog.rename_table("db.t", "db.renamed")
-            assert relay.lost == 1
-            assert catalog.table_exists("db.renamed") and not catalog.table_exists("db.t")
+    with lossy(pg, tmp_path) as (relay, [running]):
+        catalog = RestCatalog("w", uri=running.url)
+        for name in ("a", "b"):
+            catalog.create_table(f"db.{name}", schema=SCHEMA)
+        relay.arm(1)
+        catalog.rename_table("db.t", "db.renamed")
+        assert relay.lost == 1
+        assert catalog.table_exists("db.renamed") and not catalog.table_exists("db.t")
 
-            logs = {n: len(catalog.load_table(f"db.{n}").metadata.metadata_log) for n in "ab"}
-            relay.arm(1)
-            status = _post(f"{running.url}/v1/transactions/commit", {"table-changes": [
-                _properties("a", "1"), _properties("b", "1")]})
-            assert (status, relay.lost) == (204, 2)
-            a, b = catalog.load_table("db.a"), catalog.load_table("db.b")
-            assert a.properties["step"] == b.properties["step"] == "1"
-            assert a.metadata.last_updated_ms == b.metadata.last_updated_ms
-            # One new metadata file each: the transaction landed once, not again on retry.
-            assert {n: len(t.metadata.metadata_log) for n, t in (("a", a), ("b", b))} == {
-                n: c + 1 for n, c in logs.items()}
+        logs = {n: len(catalog.load_table(f"db.{n}").metadata.metadata_log) for n in "ab"}
+        relay.arm(1)
+        status = _post(f"{running.url}/v1/transactions/commit", {"table-changes": [
+            _properties("a", "1"), _properties("b", "1")]})
+        assert (status, relay.lost) == (204, 2)
+        a, b = catalog.load_table("db.a"), catalog.load_table("db.b")
+        assert a.properties["step"] == b.properties["step"] == "1"
+        assert a.metadata.last_updated_ms == b.metadata.last_updated_ms
+        # One new metadata file each: the transaction landed once, not again on retry.
+        assert {n: len(t.metadata.metadata_log) for n, t in (("a", a), ("b", b))} == {
+            n: c + 1 for n, c in logs.items()}
 
-            relay.arm(1)
-            with catalog.load_table("db.renamed").update_schema() as update:
-                update.add_column("note", StringType())
-            assert relay.lost == 3
-            renamed = catalog.load_table("db.renamed")
-            assert [f.name for f in renamed.schema().fields] == ["id", "note"]
-            assert len(renamed.metadata.schemas) == 2
-            for table in (a, b, renamed):
-                assert_files_exist(table)
-    finally:
-        relay.close()
-
+        relay.arm(1)
+        with catalog.load_table("db.renamed").update_schema() as update:
+            update.add_column("note", StringType())
+        assert relay.lost == 3
+        renamed = catalog.load_table("db.renamed")
+        assert [f.name for f in renamed.schema().fields] == ["id", "note"]
+        assert len(renamed.metadata.schemas) == 2
+        for table in (a, b, renamed):
+            assert_files_exist(table)
 
 def test_two_replicas_with_lost_replies_duplicate_and_lose_nothing(pg, tmp_path):
-    relay = LossyRelay(pg.port, seed=11)
-    try:
-        url = relay.url(f"{pg.url()}?schema=c_{uuid.uuid4().hex[:8]}")
-        asyncio.run(tsoracle.init(url))
-        config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0)
-        with RunningCatalog(config) as one, RunningCatalog(config) as two:
-            _prepare(one.url)
-            turn = itertools.cycle([one.url, two.url])
-            relay.rate = 0.05
-            out, sent = _run_writers(lambda: next(turn), writers=4, per_writer=10)
-            relay.rate = 0.0
-            check_table(two.url, out, sent)
-        assert relay.lost > 0
-        assert len(out.acknowledged) >= len(sent) // 2, out
-    finally:
-        relay.close()
+    with lossy(pg, tmp_path, seed=11, replicas=2) as (relay, [one, two]):
+        turn = itertools.cycle([one.url, two.url])
+        relay.rate = 0.05
+        out, sent = _run_writers(lambda: next(turn), writers=4, per_writer=10)
+        relay.rate = 0.0
+        check_table(two.url, out, sent)
+    assert relay.lost > 0
+    assert len(out.acknowledged) >= len(sent) // 2, out

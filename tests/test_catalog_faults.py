@@ -37,6 +37,7 @@ from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownExcept
 from pyiceberg.types import StringType
 
 import tsoracle
+from tsoracle.catalog import state
 from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
 from tsoracle_dev.pgfaults import LossyRelay, SerializationFaults
 
@@ -331,3 +332,29 @@ def test_two_replicas_with_lost_replies_duplicate_and_lose_nothing(pg, tmp_path)
         check_table(two.url, out, sent)
     assert relay.lost > 0
     assert len(out.acknowledged) >= len(sent) // 2, out
+
+
+def test_a_retry_that_looks_before_the_lost_commit_is_visible_looks_again(pg, tmp_path,
+                                                                          monkeypatch):
+    """The retried body may look for its mark while the first attempt's COMMIT is still under
+    way on the server (not visible yet). Its claim on the upper then waits and finds it taken:
+    that used to count as "nothing landed", the written files were deleted under a pointer
+    that named them, and the client was told to retry. Here the first look is made blind."""
+    real = state.committed
+    looks: list[bool] = []
+
+    async def first_look_blind(tx: Any, timeline: str, ts: int) -> bool:
+        found = await real(tx, timeline, ts)
+        looks.append(found)
+        return found and len(looks) > 1
+
+    with lossy(pg, tmp_path) as (relay, [running]):
+        monkeypatch.setattr(state, "committed", first_look_blind)
+        table = RestCatalog("w", uri=running.url).load_table("db.t")
+        relay.arm(1)
+        table.append(pa.table({"id": [7]}, schema=SCHEMA))
+        found = RestCatalog("c", uri=running.url).load_table("db.t")
+        assert_files_exist(found)
+        assert found.scan().to_arrow()["id"].to_pylist() == [7]
+        assert len(found.snapshots()) == 1
+        assert relay.lost == 1 and looks[:2] == [True, True], looks  # the second look saw it

@@ -172,11 +172,15 @@ def test_operator_pod_logs_are_named_by_namespace_and_pod():
     ("apiVersion: v1\nusers: [{name: u, user: {token: s3cr3t-token}}\nclusters: [",
      "not valid YAML"),
     ("just a string with s3cr3t-token in it\n", "not a kubeconfig"),
+    # kubernetes' own message quoted the nameless entry, token and all.
+    ("apiVersion: v1\nusers: [{user: {token: s3cr3t-token}}, {user: {token: s3cr3t-2}}]\n",
+     "Invalid kube-config file"),
 ])
 def test_a_kubeconfig_that_is_not_one_is_one_line_quoting_none_of_it(tmp_path, text, said):
     """It escaped as yaml's ParserError or a TypeError traceback before."""
     path = tmp_path / "kubeconfig"
     path.write_text(text)
-    with pytest.raises(PluginError, match=f"no usable kubeconfig: it is {said}") as err:
+    with pytest.raises(PluginError) as err:
         Api(str(path), None)
+    assert str(err.value).startswith("no usable kubeconfig: ") and said in str(err.value)
     assert "s3cr3t" not in str(err.value)

@@ -104,6 +104,13 @@ def test_defaults_follow_the_resource():
      "spec.catalog.ioProperties.s3.secret-access-key would put a credential in the resource"),
     ({"warehouse": "s3://lake/t", "volume": None, "ioProperties": {"a=b": "x"}},
      "is not a FileIO setting's name"),
+    # A key read as a flag made the catalog's pods crash-loop on a usage error.
+    ({"warehouse": "s3://lake/t", "volume": None, "ioProperties": {"--port": "1"}},
+     "is not a FileIO setting's name"),
+    ({"warehouse": "s3://lake/t", "volume": None, "ioProperties": {"s3.access-key-id": "x"}},
+     "would put a credential in the resource"),
+    ({"warehouse": "s3://lake/t", "volume": None, "ioProperties": {"adls.account-key": "x"}},
+     "would put a credential in the resource"),
     ({"warehouse": "s3://lake/t", "volume": None, "credentialsSecretRef": {"name": "Bad_Name"}},
      "spec.catalog.credentialsSecretRef.name 'Bad_Name' is not a Secret name"),
 ])

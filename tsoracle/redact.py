@@ -22,11 +22,13 @@ REDACTED = "<redacted>"
 SHORTEST = 3  # a shorter secret cannot be masked without garbling ordinary words
 # Words in a setting's name that make it a credential, which belongs in the environment (from a
 # Secret), never in arguments or a resource's spec where process lists and pod specs show it.
-SECRET_WORDS = ("secret", "token", "password", "session")
+SECRET_WORDS = ("secret", "token", "password", "credential", "access-key", "account-key",
+                "private-key")
 
 
 def names_a_secret(key: str) -> bool:
-    return any(word in key.lower() for word in SECRET_WORDS)
+    words = key.lower().replace("_", "-")
+    return any(word in words for word in SECRET_WORDS)
 
 
 def password_forms(url: str) -> list[str]:

@@ -32,8 +32,9 @@ KIND = "TimestampOracle"
 
 # What reading a kubeconfig file can raise besides kubernetes' own ConfigException: a file that
 # is missing or unreadable, not YAML, or YAML of another shape (a plain string, a list).
+# (A KeyError: an entry without a name in a later file of a $KUBECONFIG list.)
 KUBECONFIG_FILE_ERRORS: tuple[type[Exception], ...] = (
-    OSError, yaml.YAMLError, TypeError, AttributeError, ValueError)
+    OSError, yaml.YAMLError, TypeError, AttributeError, ValueError, LookupError)
 
 
 def kubeconfig_problem(exc: Exception) -> str:
@@ -41,9 +42,11 @@ def kubeconfig_problem(exc: Exception) -> str:
     if isinstance(exc, yaml.YAMLError):
         mark = getattr(exc, "problem_mark", None)
         return "it is not valid YAML" + (f" (line {mark.line + 1})" if mark else "")
-    if isinstance(exc, (TypeError, AttributeError, ValueError)):
+    if isinstance(exc, (TypeError, AttributeError, ValueError, LookupError)):
         return "it is not a kubeconfig (no clusters, users and contexts in it)"
-    return str(exc)
+    # kubernetes' own messages go on after " in " with the offending entry, token and all
+    # ("Expected key name in <path>/{'user': {'token': …}}"): keep only what comes before.
+    return str(exc).split(" in ", 1)[0].strip()[:200]
 
 
 @dataclass(frozen=True)
@@ -170,15 +173,20 @@ def parse_catalog(catalog: Mapping[str, Any], timelines: tuple[str, ...]) -> Cat
                                                 warehouse))
 
 
+# A FileIO setting's name; never one that starts with '-' (it would be read as a flag).
+_IO_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
 def _catalog_io(properties: Mapping[str, Any], warehouse: str) -> tuple[tuple[str, str], ...]:
     if properties and warehouse.startswith("file://"):
         raise ConfigError("spec.catalog.ioProperties are an object store's settings; a file:// "
                           "warehouse takes none")
     out = []
     for key, value in sorted(properties.items()):
-        if not str(key).strip() or "=" in str(key):
+        if not _IO_KEY.match(str(key)):
             raise ConfigError(f"spec.catalog.ioProperties: {key!r} is not a FileIO setting's "
-                              "name (for example s3.endpoint)")
+                              "name (letters, digits, '.', '_' and '-', for example "
+                              "s3.endpoint)")
         if names_a_secret(str(key)):
             raise ConfigError(f"spec.catalog.ioProperties.{key} would put a credential in the "
                               "resource, where anyone who reads it sees it: put it in the "

@@ -66,6 +66,7 @@ class Ordering:
         self._queue: list[_Waiting] = []
         self._flusher: asyncio.Task[None] | None = None
         self._pruned_at = float("-inf")  # monotonic time of the last pruning of commit marks
+        self._pruning: asyncio.Task[None] | None = None
         self.oracle = ReopeningOracle(
             lambda: open_oracle(url, timeline=timeline, implementation=None), name=timeline,
             still_lost=self._legacy_active)
@@ -119,10 +120,13 @@ class Ordering:
                     await self._flush(group)
                 except Exception as exc:
                     # Unexpected (a bug): answer the group's requests rather than leave them
-                    # waiting forever; what already landed was answered already.
+                    # waiting forever. Whether their commits landed is not known here.
                     log.error("a commit group failed unexpectedly: %s", exc.__class__.__name__)
                     for w in group:
-                        w.fail(exc)
+                        w.fail(CommitStateUnknown(
+                            f"the catalog failed unexpectedly ({exc.__class__.__name__}) "
+                            "around this commit; load the table to see whether it landed "
+                            "before retrying"))
         finally:
             self._flusher = None
 
@@ -161,6 +165,7 @@ class Ordering:
             return
         for w, plan in landed:
             w.succeed(plan.result)
+        self._prune_soon()
 
     async def _land_group(self, members: list[tuple[_Waiting, Plan[Any]]], ts: int
                           ) -> list[tuple[_Waiting, Plan[Any]]] | None:
@@ -170,9 +175,17 @@ class Ordering:
         outcome: dict[int, bool] = {}  # index -> landed, as the last complete body left it
 
         async def body(tx: Tx) -> dict[int, bool]:
-            if any(outcome.values()) and await state.committed(tx, self.timeline, ts):
+            retried = any(outcome.values())  # a body ran to its end before: did it land?
+            if retried and await state.committed(tx, self.timeline, ts):
                 return dict(outcome)  # ran before and its COMMIT landed; the reply was lost
-            await state.claim(tx, self.timeline, ts)
+            try:
+                await state.claim(tx, self.timeline, ts)
+            except state.Superseded:
+                # The earlier attempt's COMMIT may still have been under way on the server
+                # when the mark was looked for; claim waited for its lock: look again.
+                if retried and await state.committed(tx, self.timeline, ts):
+                    return dict(outcome)
+                raise
             result: dict[int, bool] = {}
             for i, (_, plan) in enumerate(members):
                 await tx.fetch("SAVEPOINT tsoracle_plan")
@@ -222,20 +235,24 @@ class Ordering:
                 CONFLICTS.labels("moved").inc()
                 w.retry()
         GROUP_SIZE.observe(len(landed))
-        await self._prune()
         return landed
 
-    async def _prune(self) -> None:
-        """Forget old commits' marks, once a minute at most (best effort: a failure only
-        leaves them for the next time)."""
+    def _prune_soon(self) -> None:
+        """Forget old commits' marks, once a minute at most, beside the commits (not in their
+        path); best effort: a failure only leaves them for the next time."""
         now = time.monotonic()
-        if now - self._pruned_at < 60:
+        if now - self._pruned_at < 60 or self._pruning is not None:
             return
         self._pruned_at = now
+        self._pruning = asyncio.create_task(self._prune())
+
+    async def _prune(self) -> None:
         try:
             await state.prune_commits(self.backend, self.timeline, _now_ms())
-        except OracleError as exc:
+        except Exception as exc:
             log.debug("pruning commit marks failed: %s", exc.__class__.__name__)
+        finally:
+            self._pruning = None
 
     async def _oracle_call(self, fn: Callable[[], Awaitable[R]]) -> R:
         try:
@@ -249,6 +266,8 @@ class Ordering:
             raise Unavailable(f"the oracle is unavailable: {exc}") from None
 
     async def close(self) -> None:
+        if self._pruning is not None:
+            await asyncio.gather(self._pruning, return_exceptions=True)
         await self.oracle.close()
 
 

@@ -83,7 +83,8 @@ MODE_WARNINGS = {
                 "superseded leader can serve stale reads for up to a second (timestamps stay "
                 "unique)",
     "Rollout": "note: after each flip, processes on the old epoch are fenced only for the "
-               "rollout window (spec.rolloutWindowSeconds; `tsoracle finish-rollout` ends it)",
+               "rollout window (spec.rolloutWindowSeconds, which the operator ends; without "
+               "the operator, `tsoracle finish-rollout --url …` ends it)",
 }
 
 

@@ -27,6 +27,7 @@ from tsoracle.catalog.metrics import COMMITS, CONFLICTS, GROUP_SIZE, RETRIES
 from tsoracle.errors import LeadershipLost, OracleError
 from tsoracle.fencing import read_deployment
 from tsoracle.oracle import open_oracle
+from tsoracle.oracle.api import wall_clock_ms
 from tsoracle.oracle.reopening import ReopeningOracle
 from tsoracle.store import Backend, Tx
 
@@ -198,7 +199,7 @@ class Ordering:
                     result[i] = False
             if not any(result.values()):
                 raise _NothingLanded()
-            await state.record_commit(tx, self.timeline, ts, _now_ms())
+            await state.record_commit(tx, self.timeline, ts, wall_clock_ms())
             outcome.clear()
             outcome.update(result)
             return result
@@ -248,7 +249,7 @@ class Ordering:
 
     async def _prune(self) -> None:
         try:
-            await state.prune_commits(self.backend, self.timeline, _now_ms())
+            await state.prune_commits(self.backend, self.timeline, wall_clock_ms())
         except Exception as exc:
             log.debug("pruning commit marks failed: %s", exc.__class__.__name__)
         finally:
@@ -302,7 +303,3 @@ class _Waiting:
     def fail(self, exc: BaseException) -> None:
         if not self.done.done():
             self.done.set_exception(exc)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -76,6 +76,17 @@ class OracleUnavailable(OracleError):
     """The backend cannot be reached or answered with an error that retries did not clear."""
 
 
+class Refused(OracleUnavailable):
+    """The database refused a statement for its data (too large for an index, not encodable,
+    a constraint): retrying cannot help, and nothing of the statement landed. `kind` is
+    "duplicate" (a unique key another transaction took) or "invalid". The message names no
+    value, table, host or user."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class Contended(OracleUnavailable):
     """Every retry conflicted with concurrent transactions (40001, deadlocks): the server is up,
     the rows are hot."""

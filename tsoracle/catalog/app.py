@@ -6,6 +6,7 @@ is a 400 that says what was wrong, and nothing else ever shows a traceback to a 
 
 from __future__ import annotations
 
+import base64
 import hmac
 import json
 import logging
@@ -23,9 +24,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tsoracle.catalog import boundary
+from tsoracle.catalog.boundary import check_name, check_namespace
 from tsoracle.catalog.errors import (
     BadRequest,
     CatalogError,
+    CommitFailed,
     NotAuthorized,
     NotFound,
     PayloadTooLarge,
@@ -35,9 +39,9 @@ from tsoracle.catalog.errors import (
 )
 from tsoracle.catalog.metadata import to_json
 from tsoracle.catalog.metrics import REQUESTS
-from tsoracle.catalog.service import Catalog, Change, Loaded, check_name, check_namespace
+from tsoracle.catalog.service import Catalog, Change, Loaded
 from tsoracle.catalog.state import SEP
-from tsoracle.errors import OracleError
+from tsoracle.errors import OracleError, Refused
 
 log = logging.getLogger("tsoracle.catalog")
 MAX_BODY = 16 * 1024 * 1024  # table metadata with many snapshots runs to megabytes, not more
@@ -116,6 +120,12 @@ def _guarded(endpoint: Callable[..., Any], token: str | None, route: str) -> Han
             response: Response = await endpoint(request)
         except CatalogError as exc:
             response = _error(exc)
+        except Refused as exc:  # this request's data, refused by the database: its own error
+            response = _error(CommitFailed("a concurrent change took a name this request "
+                                           "adds; load it and try again")
+                              if exc.kind == "duplicate" else
+                              BadRequest("the catalog's database refused this request's data; "
+                                         "shorten or correct its names and properties"))
         except OracleError as exc:  # the database or the oracle, after their own retries
             log.warning("%s %s: %s", request.method, route, exc.__class__.__name__)
             response = _error(Unavailable("the catalog's database is unavailable; try again"))
@@ -310,11 +320,32 @@ class _Api:
             chunks.append(chunk)
         try:
             body = json.loads(b"".join(chunks) or b"{}")
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise BadRequest("the request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
+        _check_json(body)
         return body
+
+
+def _check_json(body: Any) -> None:
+    """Refuse what no model should see: nesting deeper than the catalog's limit (a parser's
+    recursion), and text that is not Unicode (a lone surrogate, which no database column or
+    reply can hold)."""
+    pending: list[tuple[Any, int]] = [(body, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > boundary.MAX_JSON_DEPTH:
+            raise BadRequest(f"the request body nests deeper than {boundary.MAX_JSON_DEPTH} "
+                             "levels")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                boundary.check_text(k, "a key in the request body", boundary.MAX_LOCATION_BYTES)
+                pending.append((v, depth + 1))
+        elif isinstance(value, list):
+            pending.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str):
+            boundary.check_text(value, "a string in the request body", 1 << 30)
 
 
 def _ns(request: Request) -> tuple[str, ...]:
@@ -409,14 +440,33 @@ def _identifiers(request: Request, ns: tuple[str, ...], names: list[str]) -> Res
 
 def _page(request: Request, items: list[Any], key: Callable[[Any], str]
           ) -> tuple[list[Any], dict[str, str]]:
-    """Pagination as the spec has it: `pageSize`, and `pageToken` from the previous page."""
-    size_text, after = request.query_params.get("pageSize"), request.query_params.get("pageToken")
-    if after:
+    """Pagination as the spec has it: `pageSize`, and `pageToken` from the previous page.
+    `items` are sorted by `key` (in Python's order, the one the cut below uses: never the
+    database's collation); the token is opaque to clients."""
+    size_text, token = request.query_params.get("pageSize"), request.query_params.get("pageToken")
+    if token:
+        after = _after(token)
         items = [i for i in items if key(i) > after]
     if not size_text:
         return items, {}
-    if not (size_text.isascii() and size_text.isdigit()) or int(size_text) < 1:
-        raise BadRequest("`pageSize` must be a positive integer")
-    size = int(size_text)
+    if not (size_text.isascii() and size_text.isdigit()) or len(size_text) > 9 \
+            or int(size_text) < 1:
+        raise BadRequest("`pageSize` must be a positive integer (at most 999999999)")
+    size = min(int(size_text), boundary.MAX_PAGE_SIZE)  # a server may return fewer
     page = items[:size]
-    return page, ({"next-page-token": key(page[-1])} if len(items) > size else {})
+    return page, ({"next-page-token": _token(key(page[-1]))} if len(items) > size else {})
+
+
+def _token(last: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"after": last}).encode()).decode()
+
+
+def _after(token: str) -> str:
+    try:
+        after = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))["after"]
+    except (ValueError, KeyError, TypeError, UnicodeError):
+        raise BadRequest("`pageToken` is not one this catalog gave; start again without "
+                         "it") from None
+    if not isinstance(after, str):
+        raise BadRequest("`pageToken` is not one this catalog gave; start again without it")
+    return after

@@ -128,3 +128,10 @@ def rename_taken(source: tuple[str, ...], dest: tuple[str, ...], found: str) -> 
 def not_empty(ns: tuple[str, ...]) -> NamespaceNotEmpty:
     return NamespaceNotEmpty(f"Namespace {dotted(ns)} is not empty: drop its tables, views "
                              "and namespaces first")
+
+
+def location_taken(location: str, ident: tuple[str, ...], user: tuple[str, ...]
+                   ) -> BadRequest:
+    return BadRequest(f"location {location!r} for {dotted(ident)} overlaps the folder of "
+                      f"{dotted(user)}: two tables or views may not share files; give another "
+                      "location, or leave it out")

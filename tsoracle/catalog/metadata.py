@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +18,6 @@ from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema, index_by_name
 from pyiceberg.serializers import Compressor, FromInputFile
-from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil, new_table_metadata
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.table.update import (
@@ -37,13 +37,11 @@ from pyiceberg.table.update import (
 from pyiceberg.typedef import IcebergBaseModel
 from pyiceberg.types import NestedField, StructType
 
-from tsoracle.catalog.errors import BadRequest, CommitFailed
+from tsoracle.catalog import boundary
+from tsoracle.catalog.errors import BadRequest, CommitFailed, InvalidArgument
 
 # Metadata files are immutable: a small cache saves a read per commit.
 CACHED_METADATA = 256
-# Table and view properties that name where files are written (Iceberg's TableProperties).
-PATH_PROPERTIES = ("write.metadata.path", "write.data.path", "write.object-storage.path",
-                   "write.folder-storage.path")
 
 
 class Warehouse:
@@ -51,9 +49,9 @@ class Warehouse:
 
     def __init__(self, uri: str, properties: dict[str, str] | None = None,
                  allowed: Sequence[str] = ()) -> None:
-        self.uri = _normalise(uri)
+        self.uri = _root(uri)
         # Other roots an administrator allows table locations under (--allow-location).
-        self.roots = [self.uri, *(_normalise(a) for a in allowed)]
+        self.roots = [self.uri, *(_root(a) for a in allowed)]
         self.properties = {"warehouse": self.uri, **(properties or {})}
         self._ios: dict[str, FileIO] = {}
         self._cache: OrderedDict[str, TableMetadata] = OrderedDict()
@@ -61,34 +59,42 @@ class Warehouse:
     def io(self, location: str) -> FileIO:
         scheme = urlparse(location).scheme or "file"
         if scheme not in self._ios:
+            # The catalog's own settings only: never a table's properties (a client's), which
+            # could name a FileIO class to load.
             self._ios[scheme] = load_file_io(self.properties, location)
         return self._ios[scheme]
 
     def table_location(self, namespace: Sequence[str], name: str,
                        namespace_properties: dict[str, str]) -> str:
+        """The default: the namespace's `location` property (or its folder in the warehouse),
+        then the name, each level one folder that no other name maps to."""
         base = namespace_properties.get("location")
         if base:
-            return self.inside(f"{base.rstrip('/')}/{name}")
-        # Through inside() too: a name such as ".." must not climb out of the warehouse.
-        return self.inside(f"{self.uri}/{'/'.join(namespace)}/{name}")
+            return self.inside(f"{base.rstrip('/')}/{boundary.segment(name)}")
+        folders = "/".join(boundary.segment(level) for level in (*namespace, name))
+        return self.inside(f"{self.uri.rstrip('/')}/{folders}")
 
     def check_paths(self, location: str, properties: dict[str, str]) -> None:
         """Everything a table or view writes lies under the warehouse: its location and the
         folders its properties may point metadata and data files to."""
         self.inside(location)
-        for key in PATH_PROPERTIES:
+        for key in boundary.PATH_PROPERTIES:
             if properties.get(key):
                 self.inside(properties[key])
 
-    def inside(self, location: str) -> str:
-        """`location` as given, if it is within the warehouse (once normalised); BadRequest
-        otherwise."""
-        normal = _normalise(location)
-        if not any(normal == root or normal.startswith(root.rstrip("/") + "/")
-                   for root in self.roots):
+    def resolve(self, location: str) -> str:
+        """`location` as the FileIO will write it, if that is within the warehouse (or a root
+        --allow-location allows); BadRequest otherwise."""
+        resolved = boundary.resolve(location)
+        if not any(boundary.within(resolved, root) for root in self.roots):
             raise BadRequest(f"location {location!r} is outside the catalog's warehouse "
                              f"{self.uri!r}; leave the location out, or give one under it (or "
                              "allow its root with the catalog's --allow-location)")
+        return resolved
+
+    def inside(self, location: str) -> str:
+        """`location` as given, once `resolve` has found it safe and within the warehouse."""
+        self.resolve(location)
         return location
 
     def read(self, location: str) -> TableMetadata:
@@ -133,15 +139,13 @@ def to_json(metadata: TableMetadata) -> str:
     return IcebergBaseModel.model_dump_json(metadata)
 
 
-def _normalise(location: str) -> str:
-    """One spelling per place: `file:/x`, `file:///x` and `/x` are all `file:///x`."""
-    parsed = urlparse(location)
-    if parsed.scheme in ("", "file"):
-        path = os.path.normpath(parsed.path or "/")
-        return "file://" + ("/" if not path.startswith("/") else "") + path.rstrip("/") \
-            if path != "/" else "file:///"
-    path = os.path.normpath(parsed.path or "/").rstrip("/")
-    return f"{parsed.scheme}://{parsed.netloc}{'' if path in ('', '/', '.') else path}"
+def _root(uri: str) -> str:
+    """A warehouse or allowed root, which the administrator gives: a local path may be
+    relative to the catalog's working directory (the FileIO would write it there)."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file") and not parsed.netloc:
+        return boundary.resolve("file://" + os.path.abspath(parsed.path or "/"))
+    return boundary.resolve(uri)
 
 
 # pyiceberg's words for a failed requirement -> the words of Iceberg's REST spec implementations
@@ -239,10 +243,11 @@ def apply(base: TableMetadata | None, base_location: str | None,
         new = update_table_metadata(
             base if base is not None else MetastoreCatalog._empty_table_metadata(),
             stamped, enforce_validation=base is None, metadata_location=base_location)
-    except (ValueError, AttributeError, KeyError, TypeError) as exc:
-        # Updates that do not apply to the table as it is now: refused as a conflict, so that
-        # an engine refreshes the table and builds its change again.
-        raise CommitFailed(f"the table's updates cannot be applied: {exc}") from None
+    except (ValueError, AttributeError, KeyError, TypeError, IndexError) as exc:
+        # The requirements held, so the table is what the client built its change on: the
+        # updates themselves are wrong, and sending them again would fail again (a 409 would
+        # have engines retry forever).
+        raise InvalidArgument(f"the table's updates cannot be applied: {exc}") from None
     warehouse.check_paths(new.location, new.properties)
     if to_v3:
         new = TableMetadataUtil.parse_obj({**json.loads(to_json(new)), "format-version": 3,
@@ -251,9 +256,24 @@ def apply(base: TableMetadata | None, base_location: str | None,
 
 
 def stamp(new: TableMetadata, base: TableMetadata | None, ts: int) -> TableMetadata:
-    already = len(base.snapshot_log) if base is not None else 0
-    log = [*new.snapshot_log[:already],
-           *(e.model_copy(update={"timestamp_ms": ts}) for e in new.snapshot_log[already:])]
+    """Every snapshot-log entry this commit added carries `ts`, whatever the updates were.
+
+    pyiceberg keeps the entries of the base that survive (a removed snapshot takes its own
+    out), in order, and appends the new ones (a snapshot added, a rollback or any other move
+    of main, stamped with its wall clock): the survivors are the longest run of the new log
+    that is an ordered subsequence of the base's, and everything after them is new."""
+    old = list(base.snapshot_log) if base is not None else []
+    log, j, appended = [], 0, False
+    for entry in new.snapshot_log:
+        if not appended:
+            while j < len(old) and old[j] != entry:
+                j += 1
+            if j < len(old):
+                j += 1
+                log.append(entry)
+                continue
+            appended = True
+        log.append(entry.model_copy(update={"timestamp_ms": ts}))
     return _complete(new.model_copy(update={"last_updated_ms": ts, "snapshot_log": log}))
 
 
@@ -266,8 +286,12 @@ def _complete(metadata: TableMetadata) -> TableMetadata:
 
 def create(schema: Schema, spec: Any, order: Any, location: str, properties: dict[str, str],
            ts: int) -> TableMetadata:
-    metadata = new_table_metadata(schema, spec or UNPARTITIONED_PARTITION_SPEC,
-                                  order or UNSORTED_SORT_ORDER, location, dict(properties))
+    try:
+        metadata = new_table_metadata(schema, spec or UNPARTITIONED_PARTITION_SPEC,
+                                      order or UNSORTED_SORT_ORDER, location, dict(properties))
+    except (ValueError, AttributeError, KeyError, TypeError, IndexError) as exc:
+        # A partition spec or sort order on a column the schema lacks, and the like.
+        raise InvalidArgument(f"invalid table: {exc}") from None
     fresh = metadata.schemas[0]
     kept = Schema(*_with_defaults(fresh.fields, schema, ""), schema_id=fresh.schema_id,
                   identifier_field_ids=fresh.identifier_field_ids)
@@ -294,7 +318,11 @@ def _with_defaults(fields: Sequence[NestedField], requested: Schema,
 
 
 def next_location(metadata: TableMetadata, base_location: str | None) -> str:
+    """Where the next metadata file goes: the table's metadata folder (`write.metadata.path`,
+    else `<location>/metadata`), as Iceberg names the file. Worked out here, never by a
+    location provider a table's properties could name."""
     version = MetastoreCatalog._parse_metadata_version(base_location) + 1 if base_location else 0
-    provider = load_location_provider(metadata.location, metadata.properties)
+    folder = metadata.properties.get("write.metadata.path") or \
+        f"{metadata.location.rstrip('/')}/metadata"
     # The name carries a fresh UUID: a retried transaction recognises its own commit by it.
-    return str(provider.new_table_metadata_file_location(version))
+    return f"{folder.rstrip('/')}/{version:05d}-{uuid.uuid4()}.metadata.json"

@@ -22,9 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 from tsoracle.catalog import state
-from tsoracle.catalog.errors import CatalogError, CommitFailed, CommitStateUnknown, Unavailable
+from tsoracle.catalog.errors import (
+    BadRequest,
+    CatalogError,
+    CommitFailed,
+    CommitStateUnknown,
+    Unavailable,
+    location_taken,
+)
 from tsoracle.catalog.metrics import COMMITS, CONFLICTS, GROUP_SIZE, RETRIES
-from tsoracle.errors import LeadershipLost, OracleError
+from tsoracle.errors import LeadershipLost, OracleError, Refused
 from tsoracle.fencing import read_deployment
 from tsoracle.oracle import open_oracle
 from tsoracle.oracle.api import wall_clock_ms
@@ -47,6 +54,9 @@ class Plan(Generic[R]):
     drops: list[state.Pointer] = field(default_factory=list)
     renames: list[tuple[state.Pointer, state.Namespace, str]] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
+    # (namespace, name, resolved location): the folders this plan gives tables or views; each
+    # must be free of every other table's and view's when it lands.
+    locations: list[tuple[state.Namespace, str, str]] = field(default_factory=list)
 
     def keys(self) -> set[tuple[Any, ...]]:
         """The names this plan changes: two plans that share one cannot land together."""
@@ -173,10 +183,12 @@ class Ordering:
         """One transaction for the group: the upper raised to `ts`, then each plan in a
         savepoint of its own, so that one whose table moved lands nothing and the rest land.
         Returns the members that landed (the others were told to try again), or None."""
-        outcome: dict[int, bool] = {}  # index -> landed, as the last complete body left it
+        # index -> True (landed), False (moved: try again) or the error that refuses it alone,
+        # as the last complete body left it.
+        outcome: dict[int, bool | CatalogError] = {}
 
-        async def body(tx: Tx) -> dict[int, bool]:
-            retried = any(outcome.values())  # a body ran to its end before: did it land?
+        async def body(tx: Tx) -> dict[int, bool | CatalogError]:
+            retried = any(v is True for v in outcome.values())  # it ran to its end before
             if retried and await state.committed(tx, self.timeline, ts):
                 return dict(outcome)  # ran before and its COMMIT landed; the reply was lost
             try:
@@ -187,18 +199,21 @@ class Ordering:
                 if retried and await state.committed(tx, self.timeline, ts):
                     return dict(outcome)
                 raise
-            result: dict[int, bool] = {}
+            result: dict[int, bool | CatalogError] = {}
             for i, (_, plan) in enumerate(members):
+                # Each plan in a savepoint of its own: one whose table moved, or that the
+                # database refuses (its data, a name a concurrent change took), lands nothing
+                # and the others land, at once, without a retry of the whole group.
                 await tx.fetch("SAVEPOINT tsoracle_plan")
                 try:
                     await _apply(tx, plan)
                     await tx.fetch("RELEASE SAVEPOINT tsoracle_plan")
                     result[i] = True
-                except state.Moved:
+                except (state.Moved, Refused, CatalogError) as exc:
                     await tx.fetch("ROLLBACK TO SAVEPOINT tsoracle_plan")
-                    result[i] = False
-            if not any(result.values()):
-                raise _NothingLanded()
+                    result[i] = _refused_alone(exc)
+            if not any(v is True for v in result.values()):
+                raise _NothingLanded(result)
             await state.record_commit(tx, self.timeline, ts, wall_clock_ms())
             outcome.clear()
             outcome.update(result)
@@ -206,12 +221,16 @@ class Ordering:
 
         try:
             result = await self.backend.transaction(body)
-        except (state.Superseded, _NothingLanded) as exc:
-            kind = "superseded" if isinstance(exc, state.Superseded) else "moved"
+        except state.Superseded:
             for w, plan in members:
                 await self._cleanup(plan.written)
-                CONFLICTS.labels(kind).inc()
+                CONFLICTS.labels("superseded").inc()
                 w.retry()
+            return None
+        except _NothingLanded as exc:
+            for i, (w, plan) in enumerate(members):
+                await self._cleanup(plan.written)
+                self._settle(w, exc.result[i])
             return None
         except CatalogError as exc:
             for w, plan in members:
@@ -229,14 +248,22 @@ class Ordering:
             return None
         landed = []
         for i, (w, plan) in enumerate(members):
-            if result[i]:
+            if result[i] is True:
                 landed.append((w, plan))
             else:
                 await self._cleanup(plan.written)
-                CONFLICTS.labels("moved").inc()
-                w.retry()
+                self._settle(w, result[i])
         GROUP_SIZE.observe(len(landed))
         return landed
+
+    @staticmethod
+    def _settle(w: _Waiting, outcome: bool | CatalogError) -> None:
+        """Answer a member that did not land: try again (its table moved) or its own error."""
+        if isinstance(outcome, CatalogError):
+            w.fail(outcome)
+        else:
+            CONFLICTS.labels("moved").inc()
+            w.retry()
 
     def _prune_soon(self) -> None:
         """Forget old commits' marks, once a minute at most, beside the commits (not in their
@@ -264,7 +291,11 @@ class Ordering:
                 "replica serves no commits until the deployment is flipped to the distributed "
                 "implementation (`tsoracle flip --to distributed`)") from None
         except OracleError as exc:
-            raise Unavailable(f"the oracle is unavailable: {exc}") from None
+            # Its message may name the database (user, host, port): the log gets the kind,
+            # a client nothing of it.
+            log.warning("the oracle of %r failed: %s", self.timeline, exc.__class__.__name__)
+            raise Unavailable("the catalog's oracle is unavailable; try again later (the "
+                              "catalog's log says why)") from None
 
     async def close(self) -> None:
         if self._pruning is not None:
@@ -276,12 +307,37 @@ async def _apply(tx: Tx, plan: Plan[Any]) -> None:
     await state.swap(tx, plan.swaps)
     for gone in plan.drops:
         await state.remove(tx, gone.namespace, gone.name, gone.kind, gone.metadata_location)
+        await state.forget_location(tx, gone.namespace, gone.name)
     for source, ns, name in plan.renames:
         await state.rename(tx, source, ns, name)
+        await state.move_location(tx, source, ns, name)
+    for ns, name, location in plan.locations:
+        user = await state.location_user(tx, location, ns, name)
+        if user is not None:
+            raise location_taken(location, (*ns, name), (*user[0], user[1]))
+        await state.record_location(tx, ns, name, location)
 
 
 class _NothingLanded(Exception):
-    """Every plan of a group found its table moved: roll back the upper too."""
+    """No plan of a group landed (moved or refused): roll back the upper too."""
+
+    def __init__(self, result: dict[int, bool | CatalogError]) -> None:
+        super().__init__("nothing landed")
+        self.result = result
+
+
+def _refused_alone(exc: Exception) -> bool | CatalogError:
+    """What a plan that failed inside its savepoint gets: False (try again with a fresh W) if
+    its table moved or a concurrent change took a name it adds, else its own error."""
+    if isinstance(exc, state.Moved):
+        return False
+    if isinstance(exc, Refused):
+        if exc.kind == "duplicate":
+            return False
+        return BadRequest(f"the catalog's database refused this request's data ({exc}); "
+                          "shorten or correct the names and properties it sends")
+    assert isinstance(exc, CatalogError)
+    return exc
 
 
 @dataclass

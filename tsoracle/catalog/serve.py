@@ -115,9 +115,17 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
                             cleanup=lambda files: asyncio.to_thread(warehouse.delete, files))
         # An uninitialised oracle or timeline fails here, before anything is served.
         await _without_address(config.url, ordering.oracle.current())
-        await state.ensure(backend, config.timeline)
-        app = build_app(Catalog(backend, ordering, warehouse), token=config.token,
-                        max_body=config.max_body)
+        try:
+            await state.ensure(backend, config.timeline)
+        except state.OtherTimeline as exc:
+            raise ConfigError(
+                f"the catalog's tables in this schema are ordered by the timeline "
+                f"{exc.timeline!r}, not {config.timeline!r}: serve them with --timeline "
+                f"{exc.timeline} (two timelines on one set of tables would break the cut "
+                "guarantee), or give this catalog a schema of its own") from None
+        catalog = Catalog(backend, ordering, warehouse)
+        await catalog.record_locations()
+        app = build_app(catalog, token=config.token, max_body=config.max_body)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
                                                access_log=False))
         host, port = sock.getsockname()[:2]

@@ -13,13 +13,22 @@ from typing import Any
 from pyiceberg.catalog import MetastoreCatalog, delete_data_files, delete_files
 from pyiceberg.catalog.rest import CreateTableRequest, RegisterTableRequest
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update import AssertCreate, TableRequirement, TableUpdate
+from pyiceberg.table.update import (
+    AssertCreate,
+    RemovePropertiesUpdate,
+    SetLocationUpdate,
+    SetPropertiesUpdate,
+    TableRequirement,
+    TableUpdate,
+)
 from pyiceberg.view.metadata import ViewMetadata
 
-from tsoracle.catalog import metadata, state, views
+from tsoracle.catalog import boundary, metadata, state, views
+from tsoracle.catalog.boundary import check_name
 from tsoracle.catalog.errors import (
     BadRequest,
     CatalogError,
+    location_taken,
     name_taken,
     namespace_taken,
     no_namespace,
@@ -54,36 +63,32 @@ class Change:
     updates: Sequence[TableUpdate]
 
 
-_RESERVED = ("\x00", state.SEP, "\x1e")  # NUL, and the separators of levels and encoded slashes
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:  # a lone surrogate, which no database column can hold
-        return False
-
-
-def check_namespace(ns: Sequence[str]) -> Namespace:
-    if not ns or any(not level or any(c in level for c in _RESERVED) or not _encodable(level)
-                     for level in ns):
-        raise BadRequest(f"invalid namespace {list(ns)!r}: give one or more non-empty levels")
-    return tuple(ns)
-
-
-def check_name(name: str) -> str:
-    if not name or any(c in name for c in _RESERVED) or not _encodable(name):
-        raise BadRequest(f"invalid table name {name!r}: give a non-empty name")
-    return name
-
-
 class Catalog:
     def __init__(self, backend: Backend, ordering: Ordering,
                  warehouse: metadata.Warehouse) -> None:
         self.backend = backend
         self.ordering = ordering
         self.warehouse = warehouse
+
+    async def record_locations(self) -> None:
+        """Record the folders of tables and views made before the catalog recorded them (an
+        upgrade), so that new ones are kept out of them too."""
+        for found in await state.unlocated(self.backend):
+            try:
+                if found.kind == TABLE:
+                    where = (await self._read(found.metadata_location)).location
+                else:
+                    where = (await self._read_view(found.metadata_location)).location
+                resolved = self.warehouse.resolve(where)
+            except Exception as exc:  # unreadable or outside: it cannot be protected
+                log.warning("the folder of %s could not be recorded: %s",
+                            _dotted((*found.namespace, found.name)), exc.__class__.__name__)
+                continue
+
+            async def record(tx: Tx, found: state.Pointer = found, at: str = resolved) -> None:
+                await state.record_location(tx, found.namespace, found.name, at)
+
+            await self.backend.transaction(record)
 
     # --- namespaces ---------------------------------------------------------------------------
 
@@ -96,8 +101,22 @@ class Catalog:
                       if len(ns) == depth + 1 and ns[:depth] == (parent or ()))
 
     async def create_namespace(self, ns: Namespace, properties: dict[str, str]) -> None:
-        if not await state.create_namespace(self.backend, ns, properties):
+        self._check_namespace_properties(properties)
+
+        async def body(tx: Tx) -> bool:
+            # The parent first, locked: a namespace whose parent is missing would be in no
+            # listing, and the parent's drop takes the same lock before it looks for children.
+            if len(ns) > 1 and await state.namespace_for_update(tx, ns[:-1]) is None:
+                raise no_namespace(ns[:-1])
+            return await state.create_namespace(tx, ns, properties)
+
+        if not await self.backend.transaction(body):
             raise namespace_taken(ns)
+
+    def _check_namespace_properties(self, properties: dict[str, str]) -> None:
+        boundary.check_properties(properties, "namespace properties")
+        if properties.get("location"):
+            self.warehouse.inside(properties["location"])
 
     async def load_namespace(self, ns: Namespace) -> dict[str, str]:
         found = await state.namespace(self.backend, ns)
@@ -119,6 +138,8 @@ class Catalog:
 
     async def update_namespace(self, ns: Namespace, removals: Sequence[str],
                                updates: dict[str, str]) -> dict[str, list[str]]:
+        boundary.check_keys(removals, "removals")
+        self._check_namespace_properties(updates)
         overlap = set(removals) & set(updates)
         if overlap:
             raise BadRequest(f"properties {sorted(overlap)} are both removed and updated")
@@ -139,7 +160,7 @@ class Catalog:
 
     async def list_tables(self, ns: Namespace) -> list[str]:
         await self.load_namespace(ns)
-        return await state.objects(self.backend, ns, TABLE)
+        return sorted(await state.objects(self.backend, ns, TABLE))
 
     async def load_table(self, ns: Namespace, name: str) -> Loaded:
         found = await self._pointer(ns, name)
@@ -151,11 +172,13 @@ class Catalog:
 
     async def create_table(self, ns: Namespace, request: CreateTableRequest) -> Loaded:
         name = check_name(request.name)
+        boundary.check_properties(request.properties, "table properties")
         props = await self.load_namespace(ns)
         location = (self.warehouse.inside(request.location) if request.location
                     else self.warehouse.table_location(ns, name, props))
 
         self.warehouse.check_paths(location, request.properties)
+        resolved = self.warehouse.resolve(location)
 
         def fresh(ts: int) -> TableMetadata:
             return metadata.create(request.table_schema, request.partition_spec,
@@ -171,12 +194,14 @@ class Catalog:
             target = metadata.next_location(new, None)
             await asyncio.to_thread(self.warehouse.write, new, target)
             return Plan(Loaded(target, new), swaps=[state.Swap(ns, name, None, target)],
-                        written=[target])
+                        written=[target], locations=[(ns, name, resolved)])
 
         return await self.ordering.commit(build)
 
     async def commit(self, changes: Sequence[Change]) -> list[Loaded]:
         """Several tables' changes at one timestamp, all or nothing."""
+        for change in changes:
+            self.check_updates(change.updates)
         names = [(c.namespace, c.name) for c in changes]
         if len(set(names)) != len(names):
             raise BadRequest("a transaction names the same table twice; merge its changes")
@@ -185,10 +210,12 @@ class Catalog:
             plan: Plan[list[Loaded]] = Plan([])
             try:
                 for change in changes:
-                    loaded, swap = await self._apply(change, ts, attempt)
+                    loaded, swap, moved_to = await self._apply(change, ts, attempt)
                     plan.written.append(swap.new)
                     plan.swaps.append(swap)
                     plan.result.append(loaded)
+                    if moved_to is not None:
+                        plan.locations.append((change.namespace, change.name, moved_to))
             except BaseException:
                 await self.discard(plan.written)
                 raise
@@ -196,7 +223,21 @@ class Catalog:
 
         return await self.ordering.commit(build)
 
-    async def _apply(self, change: Change, ts: int, attempt: int) -> tuple[Loaded, state.Swap]:
+    def check_updates(self, updates: Sequence[TableUpdate]) -> None:
+        """What a commit's updates may set, checked before any database work."""
+        for update in updates:
+            if isinstance(update, SetPropertiesUpdate):
+                boundary.check_properties(update.updates, "set-properties")
+                self.warehouse.check_paths(self.warehouse.uri, update.updates)
+            elif isinstance(update, RemovePropertiesUpdate):
+                boundary.check_keys(update.removals, "remove-properties")
+            elif isinstance(update, SetLocationUpdate):
+                self.warehouse.inside(update.location)
+
+    async def _apply(self, change: Change, ts: int, attempt: int
+                     ) -> tuple[Loaded, state.Swap, str | None]:
+        """The change on the table's current metadata, written; and the table's new resolved
+        location if it has a new one (created, or moved by set-location)."""
         ns, name = change.namespace, check_name(change.name)
         found = await state.pointer(self.backend, ns, name)
         creating = any(isinstance(r, AssertCreate) for r in change.requirements)
@@ -211,20 +252,24 @@ class Catalog:
         base = await self._read(base_location) if base_location else None
         metadata.check(change.requirements, base)
         new = metadata.apply(base, base_location, change.updates, ts, self.warehouse)
+        resolved = self.warehouse.resolve(new.location)
+        moved_to = None if base is not None and \
+            self.warehouse.resolve(base.location) == resolved else resolved
         target = metadata.next_location(new, base_location)
         await asyncio.to_thread(self.warehouse.write, new, target)
-        return Loaded(target, new), state.Swap(ns, name, base_location, target)
+        return Loaded(target, new), state.Swap(ns, name, base_location, target), moved_to
 
     async def drop_table(self, ns: Namespace, name: str, purge: bool) -> None:
-        async def build(ts: int, attempt: int) -> Plan[TableMetadata]:
+        async def build(ts: int, attempt: int) -> Plan[tuple[str, TableMetadata]]:
             found = await self._pointer(ns, name)
-            return Plan(await self._read(found.metadata_location), drops=[found])
+            return Plan((found.metadata_location, await self._read(found.metadata_location)),
+                        drops=[found])
 
-        dropped = await self.ordering.commit(build)
+        current, dropped = await self.ordering.commit(build)
         if purge:
-            asyncio.get_running_loop().run_in_executor(None, self._purge, dropped)
+            asyncio.get_running_loop().run_in_executor(None, self._purge, current, dropped)
 
-    def _purge(self, dropped: TableMetadata) -> None:
+    def _purge(self, current: str, dropped: TableMetadata) -> None:
         io = self.warehouse.io(dropped.location)
         try:
             manifests = [m for s in dropped.snapshots for m in s.manifests(io)]
@@ -232,7 +277,9 @@ class Catalog:
             delete_files(io, {m.manifest_path for m in manifests}, "manifest")
             delete_files(io, {s.manifest_list for s in dropped.snapshots if s.manifest_list},
                          "manifest list")
-            delete_files(io, {e.metadata_file for e in dropped.metadata_log}, "metadata")
+            # The current file too: registered again, it would be a table whose data is gone.
+            delete_files(io, {current, *(e.metadata_file for e in dropped.metadata_log)},
+                         "metadata")
         except Exception as exc:  # the table is gone either way; its files become orphans
             log.warning("purging a dropped table's files stopped: %s", exc.__class__.__name__)
 
@@ -257,24 +304,45 @@ class Catalog:
         except Exception:
             raise BadRequest(f"no readable table metadata at {request.metadata_location!r}") \
                 from None
+        boundary.check_properties(registered.properties, "the registered table's properties")
         self.warehouse.check_paths(registered.location, registered.properties)
+        resolved = self.warehouse.resolve(registered.location)
 
         async def build(ts: int, attempt: int) -> Plan[Loaded]:
             await self.load_namespace(ns)
             found = await state.pointer(self.backend, ns, name)
             if found is not None and (found.kind != TABLE or not request.overwrite):
                 raise name_taken((*ns, name), found.kind, TABLE)
+            user = await state.metadata_in_use(self.backend, location)
+            if user is not None and user != (ns, name):
+                raise location_taken(location, (*ns, name), (*user[0], user[1]))
             expected = found.metadata_location if found else None
+            if expected is not None:
+                await self._forward_only(expected, location, registered, (*ns, name))
             return Plan(Loaded(location, registered),
-                        swaps=[state.Swap(ns, name, expected, location)])
+                        swaps=[state.Swap(ns, name, expected, location)],
+                        locations=[(ns, name, resolved)])
 
         return await self.ordering.commit(build)
+
+    async def _forward_only(self, current: str, location: str, registered: TableMetadata,
+                            ident: tuple[str, ...]) -> None:
+        """Register with overwrite may only move a table forward: to metadata whose log holds
+        its current file. Anything else would change history readers may already have read at
+        a timestamp the oracle handed out."""
+        if location == current:
+            raise BadRequest(f"{_dotted(ident)} is already at {location!r}")
+        if current not in {e.metadata_file for e in registered.metadata_log}:
+            raise BadRequest(
+                f"register with overwrite would move {_dotted(ident)} to metadata that does "
+                f"not descend from its current metadata ({current!r}); history that reads "
+                "may already have seen cannot change: register under a new name instead")
 
     # --- views --------------------------------------------------------------------------------
 
     async def list_views(self, ns: Namespace) -> list[str]:
         await self.load_namespace(ns)
-        return await state.objects(self.backend, ns, VIEW)
+        return sorted(await state.objects(self.backend, ns, VIEW))
 
     async def load_view(self, ns: Namespace, name: str) -> tuple[str, ViewMetadata]:
         found = await self._view(ns, name)
@@ -286,11 +354,17 @@ class Catalog:
 
     async def create_view(self, ns: Namespace, request: dict[str, Any]
                           ) -> tuple[str, ViewMetadata]:
-        name = check_name(str(request.get("name") or ""))
+        name = check_name(str(request.get("name") or ""), "view name")
+        given_props = request.get("properties") or {}
+        if not isinstance(given_props, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in given_props.items()):
+            raise BadRequest("a view's `properties` must be an object of strings")
+        boundary.check_properties(given_props, "view properties")
         props = await self.load_namespace(ns)
         given = request.get("location")
         location = (self.warehouse.inside(str(given)) if given
                     else self.warehouse.table_location(ns, name, props))
+        resolved = self.warehouse.resolve(location)
 
         async def build(ts: int, attempt: int) -> Plan[tuple[str, ViewMetadata]]:
             await self._free(ns, name, VIEW)
@@ -299,23 +373,36 @@ class Catalog:
             target = self._view_file(new, 0)
             await self._write_view(new, target)
             return Plan((target, new), swaps=[state.Swap(ns, name, None, target, VIEW)],
-                        written=[target])
+                        written=[target], locations=[(ns, name, resolved)])
 
         return await self.ordering.commit(build)
 
     async def replace_view(self, ns: Namespace, name: str, requirements: list[dict[str, Any]],
                            updates: list[dict[str, Any]]) -> tuple[str, ViewMetadata]:
+        for update in updates:
+            if update.get("action") == "set-properties":
+                given = update.get("updates")
+                if not isinstance(given, dict) or not all(
+                        isinstance(k, str) and isinstance(v, str) for k, v in given.items()):
+                    raise BadRequest("set-properties: `updates` must be an object of strings")
+                boundary.check_properties(given, "set-properties")
+            elif update.get("action") == "set-location":
+                self.warehouse.inside(str(update.get("location")))
+
         async def build(ts: int, attempt: int) -> Plan[tuple[str, ViewMetadata]]:
             found = await self._view(ns, name)
             base = await self._read_view(found.metadata_location)
             views.check(requirements, base)
             new = views.apply(base, updates, ts)
             self.warehouse.check_paths(new.location, new.properties)
+            resolved = self.warehouse.resolve(new.location)
+            moved = self.warehouse.resolve(base.location) != resolved
             version = MetastoreCatalog._parse_metadata_version(found.metadata_location) + 1
             target = self._view_file(new, version)
             await self._write_view(new, target)
             return Plan((target, new), written=[target], swaps=[
-                state.Swap(ns, name, found.metadata_location, target, VIEW)])
+                state.Swap(ns, name, found.metadata_location, target, VIEW)],
+                locations=[(ns, name, resolved)] if moved else [])
 
         return await self.ordering.commit(build)
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from tsoracle.store import Backend, Tx, schema
 
-TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers", "iceberg_commits")
+TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers", "iceberg_commits",
+          "iceberg_locations")
 # How long a commit's row stays: far beyond any retry of its transaction (seconds), and beyond
 # any clock difference between replicas (the row is stamped and pruned by their wall clocks);
 # short enough that the pruning's scan stays small at high commit rates.
@@ -34,6 +35,11 @@ _DDL = (
     """CREATE TABLE IF NOT EXISTS {iceberg_commits} (
         timeline TEXT NOT NULL, ts {u64:ts} NOT NULL, at_ms BIGINT NOT NULL,
         PRIMARY KEY (timeline, ts))""",
+    # Where each table and view keeps its files (resolved: boundary.resolve), so that no two
+    # share a folder; written in the transaction that creates, registers, moves or drops one.
+    """CREATE TABLE IF NOT EXISTS {iceberg_locations} (
+        namespace TEXT NOT NULL, name TEXT NOT NULL, location TEXT NOT NULL,
+        PRIMARY KEY (namespace, name))""",
 )
 
 SEP = "\x1f"  # between namespace levels in a row (the REST spec's own separator in URLs)
@@ -81,8 +87,32 @@ class Superseded(Exception):
     """The upper is at or above the commit's timestamp: nothing was written."""
 
 
+class OtherTimeline(Exception):
+    """The schema's tables are ordered by another timeline."""
+
+    def __init__(self, timeline: str) -> None:
+        super().__init__(timeline)
+        self.timeline = timeline
+
+
 async def ensure(backend: Backend, timeline: str) -> None:
+    """Create the catalog's tables, and take the schema for `timeline`; raise `OtherTimeline`
+    if another timeline already orders namespaces or tables in it (two timelines on one set of
+    tables would let a commit land below a read timestamp the other handed out)."""
     await schema.create(backend, _DDL, schema=False)  # the oracle's schema exists already
+
+    async def take(tx: Tx) -> None:
+        others = await tx.fetch("SELECT timeline FROM {iceberg_uppers} WHERE timeline <> %(t)s",
+                                {"t": timeline})
+        if not others:
+            return
+        used = await tx.fetch("SELECT 1 FROM {iceberg_namespaces} LIMIT 1")
+        if used:
+            raise OtherTimeline(str(others[0][0]))
+        # Nothing was ever made under the other timeline: the schema is free to take.
+        await tx.fetch("DELETE FROM {iceberg_uppers} WHERE timeline <> %(t)s", {"t": timeline})
+
+    await backend.transaction(take)
     await backend.fetch(
         "INSERT INTO {iceberg_uppers} (timeline, upper) VALUES (%(t)s, %(u)s::numeric)"
         " ON CONFLICT (timeline) DO NOTHING", {"t": timeline, "u": backend.enc(0)})
@@ -101,9 +131,9 @@ async def namespace(db: Backend | Tx, ns: Namespace) -> dict[str, str] | None:
     return json.loads(rows[0][0]) if rows else None
 
 
-async def create_namespace(backend: Backend, ns: Namespace, properties: dict[str, str]) -> bool:
+async def create_namespace(db: Backend | Tx, ns: Namespace, properties: dict[str, str]) -> bool:
     """False if it exists already (nothing changed)."""
-    rows = await backend.fetch(
+    rows = await db.fetch(
         "INSERT INTO {iceberg_namespaces} (namespace, properties) VALUES (%(n)s, %(p)s)"
         " ON CONFLICT (namespace) DO NOTHING RETURNING namespace",
         {"n": ns_key(ns), "p": json.dumps(properties)})
@@ -200,6 +230,55 @@ async def rename(tx: Tx, source: Pointer, ns: Namespace, name: str) -> None:
     if not rows:
         found = await pointer(tx, source.namespace, source.name)
         raise Moved(source.namespace, source.name, found.metadata_location if found else None)
+
+
+# --- locations --------------------------------------------------------------------------------
+
+async def location_user(tx: Tx, location: str, ns: Namespace, name: str
+                        ) -> tuple[Namespace, str] | None:
+    """A table or view other than `ns.name` whose folder is `location`, holds it or lies in
+    it (resolved locations: no dot segments, no trailing slash)."""
+    rows = await tx.fetch(
+        "SELECT namespace, name FROM {iceberg_locations}"
+        " WHERE NOT (namespace = %(n)s AND name = %(t)s) AND (location = CAST(%(l)s AS TEXT)"
+        " OR substr(CAST(%(l)s AS TEXT), 1, length(location) + 1) = location || '/'"
+        " OR substr(location, 1, length(CAST(%(l)s AS TEXT)) + 1) = CAST(%(l)s AS TEXT) || '/')"
+        " LIMIT 1", {"n": ns_key(ns), "t": name, "l": location})
+    return (ns_levels(str(rows[0][0])), str(rows[0][1])) if rows else None
+
+
+async def record_location(tx: Tx, ns: Namespace, name: str, location: str) -> None:
+    await tx.fetch("INSERT INTO {iceberg_locations} (namespace, name, location)"
+                   " VALUES (%(n)s, %(t)s, %(l)s) ON CONFLICT (namespace, name)"
+                   " DO UPDATE SET location = excluded.location",
+                   {"n": ns_key(ns), "t": name, "l": location})
+
+
+async def forget_location(tx: Tx, ns: Namespace, name: str) -> None:
+    await tx.fetch("DELETE FROM {iceberg_locations} WHERE namespace = %(n)s AND name = %(t)s",
+                   {"n": ns_key(ns), "t": name})
+
+
+async def move_location(tx: Tx, source: Pointer, ns: Namespace, name: str) -> None:
+    await tx.fetch("UPDATE {iceberg_locations} SET namespace = %(n2)s, name = %(t2)s"
+                   " WHERE namespace = %(n)s AND name = %(t)s",
+                   {"n": ns_key(source.namespace), "t": source.name, "n2": ns_key(ns),
+                    "t2": name})
+
+
+async def unlocated(backend: Backend) -> list[Pointer]:
+    """Tables and views whose folder is not recorded (made before the catalog recorded them)."""
+    rows = await backend.fetch(
+        "SELECT o.namespace, o.name, o.kind, o.metadata_location FROM {iceberg_objects} o"
+        " LEFT JOIN {iceberg_locations} l ON l.namespace = o.namespace AND l.name = o.name"
+        " WHERE l.name IS NULL")
+    return [Pointer(ns_levels(str(n)), str(t), str(k), str(m)) for n, t, k, m in rows]
+
+
+async def metadata_in_use(db: Backend | Tx, metadata_location: str) -> tuple[Namespace, str] | None:
+    rows = await db.fetch("SELECT namespace, name FROM {iceberg_objects}"
+                          " WHERE metadata_location = %(m)s LIMIT 1", {"m": metadata_location})
+    return (ns_levels(str(rows[0][0])), str(rows[0][1])) if rows else None
 
 
 # --- the upper --------------------------------------------------------------------------------

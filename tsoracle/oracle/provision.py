@@ -124,7 +124,8 @@ async def release(backend: Backend, owner: str) -> None:
 # Everything a deployment keeps in its schema: the oracle's tables (fencing/tables.py) and the
 # Iceberg catalog's (catalog/state.py TABLES). They are named here so that deleting a
 # deployment removes them too, from a floor that never imports those above it.
-CATALOG_TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers", "iceberg_commits")
+CATALOG_TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers", "iceberg_commits",
+                  "iceberg_locations")
 DEPLOYMENT_TABLES = (*TABLES, *CATALOG_TABLES)
 
 

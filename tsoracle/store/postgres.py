@@ -20,6 +20,7 @@ from tsoracle.errors import (
     OracleClosed,
     OracleError,
     OracleUnavailable,
+    Refused,
 )
 from tsoracle.store.backend import Backend, Pinned, Rows, Tx
 from tsoracle.store.dialect import U64_MAX, Dialect, substitute
@@ -140,7 +141,13 @@ class _PgTx(Tx):
         self.dialect = dialect
 
     async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
-        cur = await self.conn.execute(self.dialect.render(template), params)
+        try:
+            cur = await self.conn.execute(self.dialect.render(template), params)
+        except psycopg.Error as exc:
+            refused = refusal(exc)
+            if refused is None:
+                raise
+            raise refused from None
         return await cur.fetchall() if cur.description else []
 
 
@@ -377,6 +384,9 @@ class PostgresBackend(Backend):
     def translate(self, exc: Exception) -> OracleError | None:
         if not isinstance(exc, psycopg.Error):
             return None
+        refused = refusal(exc)
+        if refused is not None:
+            return refused
         if isinstance(exc, psycopg_pool.PoolClosed):
             return OracleClosed()
         if isinstance(exc, pgerr.UndefinedTable | pgerr.InvalidSchemaName):
@@ -403,8 +413,26 @@ class PostgresBackend(Backend):
 CONFLICTS = ("serialization_failure", "deadlock", "lock_timeout")
 
 
+# SQLSTATE classes that refuse a statement for its data: 22 (data exception: too long,
+# untranslatable character), 23 (integrity constraint), 54 (program limit exceeded: an index
+# row too large). The same statement would fail the same way again.
+_REFUSING_CLASSES = ("22", "23", "54")
+
+
+def refusal(exc: BaseException) -> Refused | None:
+    """The `Refused` a driver error amounts to, or None if it is not a refusal of the data."""
+    state = getattr(exc, "sqlstate", None) or ""
+    if not state.startswith(_REFUSING_CLASSES):
+        return None
+    if state == "23505":
+        return Refused("duplicate", "a key this change adds is taken (by a concurrent change)")
+    return Refused("invalid", f"the database refused the change's data [SQLSTATE {state}]")
+
+
 def transient_reason(exc: BaseException) -> str | None:
     """Name the kind of a retryable failure, or None if retrying cannot help."""
+    if isinstance(exc, Refused) or refusal(exc) is not None:
+        return None
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return "pool_timeout"
     if isinstance(exc, psycopg_pool.PoolClosed):

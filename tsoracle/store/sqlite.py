@@ -20,7 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from tsoracle.errors import NotInitialized, OracleClosed, OracleError, OracleUnavailable
+from tsoracle.errors import (
+    NotInitialized,
+    OracleClosed,
+    OracleError,
+    OracleUnavailable,
+    Refused,
+)
 from tsoracle.store.backend import DEFAULT_POOL_SIZE, Backend, Rows, Tx
 from tsoracle.store.dialect import Dialect, substitute
 from tsoracle.store.retry import GaveUp, RetryPolicy
@@ -63,7 +69,13 @@ class _SqliteTx(Tx):
         self.dialect = backend.dialect
 
     async def fetch(self, template: str, params: Mapping[str, Any] | None = None) -> Rows:
-        return await self.backend._call(self.backend._execute, template, params)
+        try:
+            return await self.backend._call(self.backend._execute, template, params)
+        except sqlite3.Error as exc:
+            refused = refusal(exc)
+            if refused is None:
+                raise
+            raise refused from None
 
 
 class SqliteBackend(Backend):
@@ -182,9 +194,24 @@ class SqliteBackend(Backend):
     def translate(self, exc: Exception) -> OracleError | None:
         if not isinstance(exc, sqlite3.Error):
             return None
+        refused = refusal(exc)
+        if refused is not None:
+            return refused
         if "no such table" in str(exc):
             return NotInitialized(f"{self.url.safe} is not provisioned; run `tsoracle init`")
         return OracleUnavailable(f"SQLite error in {self.url.safe}: {exc}")
+
+
+def refusal(exc: BaseException) -> Refused | None:
+    """The `Refused` a driver error amounts to (a constraint, a value too large), or None."""
+    if isinstance(exc, sqlite3.IntegrityError):
+        if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
+            return Refused("duplicate", "a key this change adds is taken (by a concurrent "
+                           "change)")
+        return Refused("invalid", "the database refused the change's data (a constraint)")
+    if isinstance(exc, sqlite3.DataError) or "too big" in str(exc):
+        return Refused("invalid", "the database refused the change's data (too large)")
+    return None
 
 
 BACKEND = SqliteBackend  # see store/kinds.py

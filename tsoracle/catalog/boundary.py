@@ -163,10 +163,11 @@ def overlaps(a: str, b: str) -> bool:
 
 def segment(name: str) -> str:
     """A name as one folder of a default location: as it is when that is safe, else
-    percent-encoded (a name with '/' or '%', or '.' or '..'), so that two names never share a
-    folder and none climbs out of its parent."""
-    if name in (".", "..") or any(c in name for c in "/%\\") or \
-            any(ord(c) < 0x20 for c in name):
-        return quote(name, safe="").replace(".", "%2E") if name in (".", "..") \
-            else quote(name, safe="")
+    percent-encoded (a name with '/', '%' or '\\'), so that two names never share a folder and
+    none climbs out of its parent. '.' and '..' become '%25%2E' and '%25%2E%2E': no other name
+    encodes so (quoting leaves dots alone), and no decoding of them is a dot segment."""
+    if name in (".", ".."):
+        return "%25" + "%2E" * len(name)
+    if any(c in name for c in "/%\\") or any(ord(c) < 0x20 for c in name):
+        return quote(name, safe="")
     return name

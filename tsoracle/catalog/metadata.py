@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from pyiceberg.catalog import MetastoreCatalog
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, ValidationError
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema, index_by_name
@@ -243,15 +243,18 @@ def apply(base: TableMetadata | None, base_location: str | None,
         new = update_table_metadata(
             base if base is not None else MetastoreCatalog._empty_table_metadata(),
             stamped, enforce_validation=base is None, metadata_location=base_location)
-    except (ValueError, AttributeError, KeyError, TypeError, IndexError) as exc:
+        warehouse.check_paths(new.location, new.properties)
+        if to_v3:
+            new = TableMetadataUtil.parse_obj({**json.loads(to_json(new)), "format-version": 3,
+                                               "next-row-id": 0})
+        # Serialised once here: metadata that cannot be written is this request's error.
+        to_json(new)
+    except (ValueError, AttributeError, KeyError, TypeError, IndexError,
+            ValidationError) as exc:
         # The requirements held, so the table is what the client built its change on: the
         # updates themselves are wrong, and sending them again would fail again (a 409 would
         # have engines retry forever).
         raise InvalidArgument(f"the table's updates cannot be applied: {exc}") from None
-    warehouse.check_paths(new.location, new.properties)
-    if to_v3:
-        new = TableMetadataUtil.parse_obj({**json.loads(to_json(new)), "format-version": 3,
-                                           "next-row-id": 0})
     return stamp(new, base, ts)
 
 
@@ -289,7 +292,8 @@ def create(schema: Schema, spec: Any, order: Any, location: str, properties: dic
     try:
         metadata = new_table_metadata(schema, spec or UNPARTITIONED_PARTITION_SPEC,
                                       order or UNSORTED_SORT_ORDER, location, dict(properties))
-    except (ValueError, AttributeError, KeyError, TypeError, IndexError) as exc:
+    except (ValueError, AttributeError, KeyError, TypeError, IndexError,
+            ValidationError) as exc:
         # A partition spec or sort order on a column the schema lacks, and the like.
         raise InvalidArgument(f"invalid table: {exc}") from None
     fresh = metadata.schemas[0]

@@ -6,6 +6,12 @@
 
 (`python -m tsoracle_dev.rck` is the same command.)
 
+`fetch` also caches Iceberg's REST catalog OpenAPI document of the same version
+(`rest-catalog-open-api.yaml`, which tests/test_catalog_fuzz.py fuzzes the catalog with) when it
+is given a copy (`--spec`, or TSORACLE_ICEBERG_SPEC): Iceberg publishes that file in no Maven
+artifact, so it cannot be fetched like the jars; `fetch_spec` checks the copy against the git
+blob id of the file at the tag apache-iceberg-<version> before caching it.
+
 The kit is Iceberg's own catalog test suite (`CatalogTests`, `ViewCatalogTests`) driven through
 its REST client: `iceberg-open-api` `tests` and `test-fixtures` jars and `iceberg-core` `tests`,
 run by JUnit's console launcher. `pom.xml` beside this file lists them; Maven copies them once
@@ -78,6 +84,16 @@ KIT_TIMEOUT = 600.0
 SERVER_START_TIMEOUT = 60.0
 
 
+# Apache Iceberg's REST catalog OpenAPI document, by the git blob id of open-api/<SPEC_NAME> at
+# the tag apache-iceberg-<version> (`git rev-parse apache-iceberg-1.10.0:open-api/<SPEC_NAME>`;
+# 1.10.1 has the same file). Iceberg's Maven artifacts do not carry it (iceberg-open-api's jars
+# hold the kit and the reference server; it has no sources jar), so a copy is taken from an
+# Iceberg checkout or source release the caller names, and only the pinned bytes are accepted.
+SPEC_NAME = "rest-catalog-open-api.yaml"
+SPEC_BLOBS = {"1.10.0": "e0b524a6d726afeef51c95bbbed07b1140123859"}
+SPEC_ENV = "TSORACLE_ICEBERG_SPEC"
+
+
 class RckError(RuntimeError):
     """The kit could not run (a missing tool, a failed fetch, no report): not a test result."""
 
@@ -148,6 +164,51 @@ def fetch_jars(timeout: float = FETCH_TIMEOUT) -> Path:
         if stale != out and not (stale.name.endswith(".tmp") and _fetching(stale)):
             shutil.rmtree(stale, ignore_errors=True)
     return jars
+
+
+def git_blob_id(data: bytes) -> str:
+    """The id git gives a file of these bytes (`git hash-object`)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def spec_path() -> Path:
+    """Where Iceberg's REST catalog OpenAPI document of ICEBERG_VERSION is cached."""
+    return CACHE / f"iceberg-rest-spec-{ICEBERG_VERSION}" / SPEC_NAME
+
+
+def fetch_spec(source: str | Path | None = None) -> Path:
+    """Iceberg's REST catalog OpenAPI document of ICEBERG_VERSION, from the cache, or else from
+    `source` (or $TSORACLE_ICEBERG_SPEC): the file itself, or an Iceberg checkout or source
+    release holding open-api/rest-catalog-open-api.yaml. A copy whose bytes are not the pinned
+    ones (another version, an edited file) is refused."""
+    expected = SPEC_BLOBS.get(ICEBERG_VERSION)
+    if expected is None:
+        raise RckError(f"no {SPEC_NAME} is pinned for Iceberg {ICEBERG_VERSION}: add the git blob "
+                       "id of open-api/" + SPEC_NAME + " at its tag to SPEC_BLOBS")
+    out = spec_path()
+    if out.is_file() and git_blob_id(out.read_bytes()) == expected:
+        return out
+    source = source or os.environ.get(SPEC_ENV)
+    if not source:
+        raise RckError(f"Iceberg {ICEBERG_VERSION}'s {SPEC_NAME} is not cached and no Maven "
+                       f"artifact carries it: name a copy with {SPEC_ENV}=PATH (the file, or an "
+                       f"Iceberg checkout at apache-iceberg-{ICEBERG_VERSION} or its source "
+                       "release) or `tsoracle-rck fetch --spec PATH`")
+    path = Path(source)
+    if path.is_dir():
+        path = path / "open-api" / SPEC_NAME
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RckError(f"cannot read {path}: {exc.strerror}") from None
+    if git_blob_id(data) != expected:
+        raise RckError(f"{path} is not Iceberg {ICEBERG_VERSION}'s {SPEC_NAME} (git blob "
+                       f"{git_blob_id(data)}, expected {expected})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, out)
+    return out
 
 
 def _fetching(tmp: Path) -> bool:

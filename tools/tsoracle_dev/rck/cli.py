@@ -20,6 +20,7 @@ from tsoracle_dev.rck import (
     KitResult,
     RckError,
     fetch_jars,
+    fetch_spec,
     reference_server,
     run_kit,
 )
@@ -33,7 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tsoracle-rck",
         description=f"Apache Iceberg {ICEBERG_VERSION}'s REST Compatibility Kit.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("fetch", help="fetch the kit's jars from Maven (once) and print their folder")
+    fetch = sub.add_parser(
+        "fetch", help="fetch the kit's jars from Maven (once) and print their folder; cache "
+        "Iceberg's REST catalog OpenAPI document too when a copy is named")
+    fetch.add_argument("--spec", metavar="PATH",
+                       help="a copy of rest-catalog-open-api.yaml (or an Iceberg checkout or "
+                       "source release) of the kit's Iceberg version; default: "
+                       "$TSORACLE_ICEBERG_SPEC")
     run = sub.add_parser(
         "run", help="run the kit against a REST catalog",
         description="Run the kit against a REST catalog. This process's CATALOG_* variables "
@@ -70,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "fetch":
             print(fetch_jars())
+            try:
+                print(fetch_spec(args.spec))
+            except RckError as exc:
+                if args.spec:
+                    raise
+                # Only the fuzz test needs it, and it says so when it is missing.
+                print(f"tsoracle-rck: not cached: {exc}", file=sys.stderr)
             return 0
         classes = ONLY[args.only] if args.only else KIT_CLASSES
         if args.command == "run":

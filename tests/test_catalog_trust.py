@@ -24,9 +24,8 @@ from pyiceberg.catalog.rest import RestCatalog
 
 import tsoracle
 from tests.test_catalog import SCHEMA, call, read_ts
-from tsoracle.catalog import boundary
 from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
-from tsoracle.errors import ConfigError, Refused
+from tsoracle.errors import ConfigError
 
 EMPTY_SCHEMA = {"type": "struct", "schema-id": 0,
                 "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
@@ -121,6 +120,8 @@ def test_a_location_is_resolved_as_the_fileio_writes_it(served, tmp_path, spelli
 
 
 def test_default_locations_never_share_a_folder(served):
+    from tsoracle.catalog import boundary
+
     base, catalog, warehouse = served
     catalog.create_namespace("db.x")
     assert _create(base, "x/y")[0] == 200  # a name with a slash
@@ -191,7 +192,8 @@ def test_updates_that_cannot_apply_are_a_400_not_a_conflict(served):
         {"source-id": 1, "field-id": 1000, "name": "id_p", "transform": "identity"}]}})
     assert got == 200, answer
     table = catalog.load_table("db.parted")
-    drop_source = {"requirements": [{"type": "assert-table-uuid", "uuid": str(table.metadata.table_uuid)}],
+    uuid_is = {"type": "assert-table-uuid", "uuid": str(table.metadata.table_uuid)}
+    drop_source = {"requirements": [uuid_is],
                    "updates": [{"action": "add-schema", "schema": {
                        "type": "struct", "schema-id": 1, "fields": [
                            {"id": 2, "name": "other", "type": "string", "required": False}]},
@@ -413,6 +415,7 @@ def test_a_rename_racing_a_create_on_another_replica_is_a_conflict_never_a_504(u
 def test_a_refused_statement_is_not_retried_as_a_lost_connection(pg):
     """PostgreSQL's 54000 (an index row too large) was taken for a lost connection and retried
     for the whole budget."""
+    from tsoracle.errors import Refused
     from tsoracle.store import open_backend, parse_url
 
     retries: list[str] = []
@@ -441,3 +444,32 @@ def test_a_refused_statement_is_not_retried_as_a_lost_connection(pg):
     started = time.monotonic()
     asyncio.run(run())
     assert retries == [] and time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("timeline", ["EpochMilliseconds", "counter:cat"])
+def test_snapshot_expiry_keeps_what_reads_in_the_retention_window_need(url, tmp_path,
+                                                                       timeline):
+    """Any engine's expire_snapshots meets the guard (spark.Lakehouse kept it client-side)."""
+    asyncio.run(tsoracle.init(url, timelines=["EpochMilliseconds", "counter:cat"]))
+    kept: dict[float, tuple[int, Any]] = {}
+    for retention in (3600.0, 0.0):
+        config = CatalogConfig(url=url, warehouse=str(tmp_path / f"wh{retention:g}"), port=0,
+                               timeline=timeline, retention_s=retention)
+        with RunningCatalog(config) as running:
+            catalog = RestCatalog("tso", uri=running.url)
+            ns = f"db{int(retention)}"
+            catalog.create_namespace(ns)
+            table = catalog.create_table(f"{ns}.t", schema=SCHEMA)
+            for i in range(3):
+                table.append(pa.table({"id": [i], "who": ["w"]}, schema=SCHEMA))
+            oldest = catalog.load_table(f"{ns}.t").snapshots()[0].snapshot_id
+            kept[retention] = call("POST", f"{running.url}/v1/namespaces/{ns}/tables/t",
+                                   {"updates": [{"action": "remove-snapshots",
+                                                 "snapshot-ids": [oldest]}]})
+            if retention:
+                ids = {s.snapshot_id for s in catalog.load_table(f"{ns}.t").snapshots()}
+                assert oldest in ids
+    got, answer = kept[3600.0]
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    assert "retention" in answer["error"]["message"]
+    assert kept[0.0][0] == 200, kept[0.0]

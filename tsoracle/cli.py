@@ -184,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--metrics-port", type=int, metavar="N",
                    help="also serve Prometheus /metrics on this port, on --host (default: not "
                         "served)")
+    c.add_argument("--retention", type=float, default=3600.0, metavar="SECONDS",
+                   help="snapshot expiry (remove-snapshots, from any engine) is refused for "
+                        "snapshots a read at a timestamp handed out within this many seconds "
+                        "needs")
 
     c = cmd("operator", "run the Kubernetes operator for TimestampOracle resources", url=False)
     c.add_argument("--namespace", action="append", dest="namespaces", default=[],
@@ -491,7 +495,7 @@ def _catalog(args: argparse.Namespace) -> int:
                            token=read_token(args.token_file) if args.token_file else None,
                            allowed_locations=tuple(args.allow_location),
                            io_properties=tuple(parse_io_property(p) for p in args.io_property),
-                           metrics_port=args.metrics_port)
+                           metrics_port=args.metrics_port, retention_s=args.retention)
     return run(_serving(serve(config, lambda url: print(f"catalog: {url}", flush=True))))
 
 

@@ -172,6 +172,20 @@ def check(requirements: Sequence[TableRequirement], base: TableMetadata | None) 
             raise CommitFailed(message) from None
 
 
+def needed_for_reads(base: TableMetadata, horizon: int) -> set[int]:
+    """The snapshots a read at any timestamp T >= `horizon` may use: the one main had at
+    `horizon`, every one it had after, every ref's current one, and any made after it."""
+    keep = {e.snapshot_id for e in base.snapshot_log if e.timestamp_ms > horizon}
+    earlier = [e for e in base.snapshot_log if e.timestamp_ms <= horizon]
+    if earlier:
+        keep.add(earlier[-1].snapshot_id)
+    keep |= {ref.snapshot_id for ref in base.refs.values()}
+    keep |= {s.snapshot_id for s in base.snapshots if s.timestamp_ms > horizon}
+    if base.current_snapshot_id is not None:
+        keep.add(base.current_snapshot_id)
+    return keep
+
+
 def _same(a: Any, b: Any, key: str) -> bool:
     """Equal apart from the id (`key`): the same schema, spec or sort order."""
     return bool(a.model_copy(update={key: 0}) == b.model_copy(update={key: 0}))

@@ -36,12 +36,16 @@ from tsoracle.fencing import read_deployment
 from tsoracle.oracle import open_oracle
 from tsoracle.oracle.api import wall_clock_ms
 from tsoracle.oracle.reopening import ReopeningOracle
+from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
 from tsoracle.store import Backend, Tx
 
 R = TypeVar("R")
 log = logging.getLogger("tsoracle.catalog")
 MAX_ATTEMPTS = 8  # fresh timestamps a commit may take before it reports contention
 MAX_GROUP = 256  # commits landed in one transaction at most
+# How long after a read timestamp was handed out reads at it keep their snapshots: snapshot
+# expiry may remove nothing they need (the serializable read window of spark.Lakehouse).
+DEFAULT_RETENTION_S = 3600.0
 
 
 @dataclass
@@ -70,8 +74,10 @@ class Ordering:
     """The catalog's timeline: timestamps from the oracle, the upper in the catalog's rows."""
 
     def __init__(self, url: str, timeline: str, backend: Backend,
-                 cleanup: Callable[[list[str]], Awaitable[None]]) -> None:
+                 cleanup: Callable[[list[str]], Awaitable[None]],
+                 retention_s: float = DEFAULT_RETENTION_S) -> None:
         self.timeline = timeline
+        self.retention_ms = int(retention_s * 1000)
         self.backend = backend
         self._cleanup = cleanup
         self._queue: list[_Waiting] = []
@@ -100,6 +106,17 @@ class Ordering:
     async def closed(self) -> int:
         """The upper: nothing can commit at or below it any more (no oracle round trip)."""
         return await state.upper(self.backend, self.timeline)
+
+    async def horizon(self, ts: int) -> int:
+        """The oldest timestamp a read may still be at, for a commit at `ts`: reads at any T
+        at or above it must keep their snapshots. On the EpochMilliseconds timeline,
+        `ts - retention`; on a counting timeline, just below the first commit of the window
+        (by the commit marks, which are kept at least that long), or `ts - 1` if none."""
+        if self.timeline == EPOCH_MILLISECONDS:
+            return ts - self.retention_ms
+        first = await state.first_commit_since(self.backend, self.timeline,
+                                               wall_clock_ms() - self.retention_ms)
+        return (first if first is not None else ts) - 1
 
     async def commit(self, build: Callable[[int, int], Awaitable[Plan[R]]]) -> R:
         """Land `build(W, attempt)`'s plan at a fresh W, retrying while W falls behind or a
@@ -276,7 +293,8 @@ class Ordering:
 
     async def _prune(self) -> None:
         try:
-            await state.prune_commits(self.backend, self.timeline, wall_clock_ms())
+            await state.prune_commits(self.backend, self.timeline, wall_clock_ms(),
+                                      self.retention_ms)
         except Exception as exc:
             log.debug("pruning commit marks failed: %s", exc.__class__.__name__)
         finally:

@@ -18,7 +18,7 @@ from prometheus_client import start_http_server
 from tsoracle.catalog import state
 from tsoracle.catalog.app import MAX_BODY, build_app
 from tsoracle.catalog.metadata import Warehouse
-from tsoracle.catalog.ordering import Ordering
+from tsoracle.catalog.ordering import DEFAULT_RETENTION_S, Ordering
 from tsoracle.catalog.service import Catalog
 from tsoracle.errors import ConfigError, OracleUnavailable
 from tsoracle.oracle.connect import open_instrumented_backend
@@ -43,6 +43,9 @@ class CatalogConfig:
     allowed_locations: tuple[str, ...] = ()  # roots besides the warehouse tables may live under
     io_properties: tuple[tuple[str, str], ...] = ()  # FileIO settings (s3.endpoint, ...)
     metrics_port: int | None = None  # serve /metrics (the catalog's and the oracle's) here
+    # Snapshot expiry (remove-snapshots, from any engine) keeps every snapshot a read at a
+    # timestamp handed out within the last this many seconds needs (--retention).
+    retention_s: float = DEFAULT_RETENTION_S
 
 
 def parse_io_property(text: str) -> tuple[str, str]:
@@ -111,8 +114,12 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
         _stop_metrics(metrics)
         raise
     try:
+        if not 0 <= config.retention_s <= 10 * 365 * 86400:
+            raise ConfigError(f"--retention {config.retention_s:g} is not a number of seconds "
+                              "from 0 to ten years")
         ordering = Ordering(config.url, config.timeline, backend,
-                            cleanup=lambda files: asyncio.to_thread(warehouse.delete, files))
+                            cleanup=lambda files: asyncio.to_thread(warehouse.delete, files),
+                            retention_s=config.retention_s)
         # An uninitialised oracle or timeline fails here, before anything is served.
         await _without_address(config.url, ordering.oracle.current())
         try:

@@ -16,6 +16,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import (
     AssertCreate,
     RemovePropertiesUpdate,
+    RemoveSnapshotsUpdate,
     SetLocationUpdate,
     SetPropertiesUpdate,
     TableRequirement,
@@ -251,6 +252,10 @@ class Catalog:
         base_location = found.metadata_location if found else None
         base = await self._read(base_location) if base_location else None
         metadata.check(change.requirements, base)
+        removed = {i for u in change.updates if isinstance(u, RemoveSnapshotsUpdate)
+                   for i in u.snapshot_ids}
+        if removed and base is not None:
+            await self._keep_for_reads(base, removed, ts, (*ns, name))
         new = metadata.apply(base, base_location, change.updates, ts, self.warehouse)
         resolved = self.warehouse.resolve(new.location)
         moved_to = None if base is not None and \
@@ -258,6 +263,19 @@ class Catalog:
         target = metadata.next_location(new, base_location)
         await asyncio.to_thread(self.warehouse.write, new, target)
         return Loaded(target, new), state.Swap(ns, name, base_location, target), moved_to
+
+    async def _keep_for_reads(self, base: TableMetadata, removed: set[int], ts: int,
+                              ident: tuple[str, ...]) -> None:
+        """Refuse snapshot expiry that would take a snapshot from a read at a timestamp
+        handed out within the catalog's retention window (whichever engine asks)."""
+        kept = removed & metadata.needed_for_reads(base, await self.ordering.horizon(ts))
+        if kept:
+            raise BadRequest(
+                f"remove-snapshots on {_dotted(ident)} would remove snapshots "
+                f"{sorted(kept)}, which reads at timestamps handed out within the catalog's "
+                f"retention of {self.ordering.retention_ms / 1000:g} s still need; expire "
+                "only snapshots older than that (the catalog's --retention, or "
+                "spec.catalog.retentionSeconds)")
 
     async def drop_table(self, ns: Namespace, name: str, purge: bool) -> None:
         async def build(ts: int, attempt: int) -> Plan[tuple[str, TableMetadata]]:

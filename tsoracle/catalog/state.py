@@ -313,10 +313,21 @@ async def committed(tx: Tx, timeline: str, ts: int) -> bool:
     return bool(rows)
 
 
-async def prune_commits(backend: Backend, timeline: str, now_ms: int) -> None:
+async def prune_commits(backend: Backend, timeline: str, now_ms: int,
+                        retention_ms: int = 0) -> None:
+    """Forget marks older than an hour, or than the retention window if that is longer (a
+    counting timeline finds the window's first commit by them)."""
     await backend.fetch("DELETE FROM {iceberg_commits} WHERE timeline = %(t)s"
                         " AND at_ms < %(cut)s",
-                        {"t": timeline, "cut": now_ms - COMMIT_ROWS_KEPT_MS})
+                        {"t": timeline,
+                         "cut": now_ms - max(COMMIT_ROWS_KEPT_MS, retention_ms + 60_000)})
+
+
+async def first_commit_since(backend: Backend, timeline: str, since_ms: int) -> int | None:
+    """The lowest timestamp committed at or after the wall-clock time `since_ms`."""
+    rows = await backend.fetch("SELECT MIN(ts) FROM {iceberg_commits} WHERE timeline = %(t)s"
+                               " AND at_ms >= %(s)s", {"t": timeline, "s": since_ms})
+    return backend.dec(rows[0][0]) if rows and rows[0][0] is not None else None
 
 
 async def upper(backend: Backend, timeline: str) -> int:

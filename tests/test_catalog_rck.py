@@ -44,7 +44,10 @@ def catalog_serve(url: str, warehouse: Path, token_file: Path) -> Iterator[str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tsoracle.cli", "catalog", "serve", "--url", url,
          "--warehouse", warehouse.as_uri(), "--port", "0", "--token-file", str(token_file),
-         "--allow-location", "file:///tmp"],
+         "--allow-location", "file:///tmp",
+         # The kit expires snapshots it has just made (testRemoveUnusedSpec/Schemas); a
+         # catalog's default retention keeps those for reads handed out in the last hour.
+         "--retention", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stderr is not None

@@ -216,8 +216,7 @@ class _Api:
             created = await self.catalog.create_table(
                 ns, _parse(CreateTableRequest, body, "create-table request"))
             return _loaded(created)
-        names = await self.catalog.list_tables(ns)
-        return _identifiers(request, ns, names)
+        return await _identifiers(request, ns, self.catalog.list_tables)
 
     async def table(self, request: Request) -> Response:
         ns, name = _ns(request), check_name(_param(request, "table"))
@@ -273,8 +272,7 @@ class _Api:
         if request.method == "POST":
             body = await self._json(request)
             return _view(*await self.catalog.create_view(ns, body))
-        names = await self.catalog.list_views(ns)
-        return _identifiers(request, ns, names)
+        return await _identifiers(request, ns, self.catalog.list_views)
 
     async def view(self, request: Request) -> Response:
         ns, name = _ns(request), check_name(_param(request, "view"))
@@ -431,28 +429,41 @@ def _view(location: str, metadata: Any) -> Response:
                          "metadata": json.loads(metadata.model_dump_json()), "config": {}})
 
 
-def _identifiers(request: Request, ns: tuple[str, ...], names: list[str]) -> Response:
-    """A page of a namespace's tables or views, as the spec lists them."""
-    page, token = _page(request, names, lambda n: n)
+async def _identifiers(request: Request, ns: tuple[str, ...],
+                       listing: Callable[[tuple[str, ...], str | None, int | None],
+                                         Awaitable[list[str]]]) -> Response:
+    """A page of a namespace's tables or views, as the spec lists them: the database orders
+    the names and cuts the page (one collation for both), one more than the page is asked
+    for to know whether another page follows."""
+    after, size = _page_request(request)
+    names = await listing(ns, after, None if size is None else size + 1)
+    page = names if size is None else names[:size]
+    more = size is not None and len(names) > size
     return JSONResponse({"identifiers": [{"namespace": list(ns), "name": n} for n in page],
-                         **token})
+                         **({"next-page-token": _token(page[-1])} if more else {})})
+
+
+def _page_request(request: Request) -> tuple[str | None, int | None]:
+    """`pageToken` (opaque to clients) and `pageSize`, as the spec has them."""
+    size_text, token = request.query_params.get("pageSize"), request.query_params.get("pageToken")
+    after = _after(token) if token else None
+    if not size_text:
+        return after, None
+    if not (size_text.isascii() and size_text.isdigit()) or len(size_text) > 9 \
+            or int(size_text) < 1:
+        raise BadRequest("`pageSize` must be a positive integer (at most 999999999)")
+    return after, min(int(size_text), boundary.MAX_PAGE_SIZE)  # a server may return fewer
 
 
 def _page(request: Request, items: list[Any], key: Callable[[Any], str]
           ) -> tuple[list[Any], dict[str, str]]:
-    """Pagination as the spec has it: `pageSize`, and `pageToken` from the previous page.
-    `items` are sorted by `key` (in Python's order, the one the cut below uses: never the
-    database's collation); the token is opaque to clients."""
-    size_text, token = request.query_params.get("pageSize"), request.query_params.get("pageToken")
-    if token:
-        after = _after(token)
+    """A page of `items`, which are sorted by `key` in Python's order, the one the cut here
+    uses (namespaces: the catalog lists them all, few as they are)."""
+    after, size = _page_request(request)
+    if after is not None:
         items = [i for i in items if key(i) > after]
-    if not size_text:
+    if size is None:
         return items, {}
-    if not (size_text.isascii() and size_text.isdigit()) or len(size_text) > 9 \
-            or int(size_text) < 1:
-        raise BadRequest("`pageSize` must be a positive integer (at most 999999999)")
-    size = min(int(size_text), boundary.MAX_PAGE_SIZE)  # a server may return fewer
     page = items[:size]
     return page, ({"next-page-token": _token(key(page[-1]))} if len(items) > size else {})
 

@@ -159,9 +159,11 @@ class Catalog:
 
     # --- tables -------------------------------------------------------------------------------
 
-    async def list_tables(self, ns: Namespace) -> list[str]:
+    async def list_tables(self, ns: Namespace, after: str | None = None,
+                          limit: int | None = None) -> list[str]:
+        """Names in the database's order, from just after `after`, `limit` at most."""
         await self.load_namespace(ns)
-        return sorted(await state.objects(self.backend, ns, TABLE))
+        return await state.objects(self.backend, ns, TABLE, after, limit)
 
     async def load_table(self, ns: Namespace, name: str) -> Loaded:
         found = await self._pointer(ns, name)
@@ -358,9 +360,11 @@ class Catalog:
 
     # --- views --------------------------------------------------------------------------------
 
-    async def list_views(self, ns: Namespace) -> list[str]:
+    async def list_views(self, ns: Namespace, after: str | None = None,
+                         limit: int | None = None) -> list[str]:
+        """Names in the database's order, from just after `after`, `limit` at most."""
         await self.load_namespace(ns)
-        return sorted(await state.objects(self.backend, ns, VIEW))
+        return await state.objects(self.backend, ns, VIEW, after, limit)
 
     async def load_view(self, ns: Namespace, name: str) -> tuple[str, ViewMetadata]:
         found = await self._view(ns, name)

@@ -159,9 +159,15 @@ async def drop_namespace(tx: Tx, ns: Namespace) -> bool:
 
 # --- tables -----------------------------------------------------------------------------------
 
-async def objects(db: Backend | Tx, ns: Namespace, kind: str) -> list[str]:
-    rows = await db.fetch("SELECT name FROM {iceberg_objects} WHERE namespace = %(n)s"
-                          " AND kind = %(k)s ORDER BY name", {"n": ns_key(ns), "k": kind})
+async def objects(db: Backend | Tx, ns: Namespace, kind: str, after: str | None = None,
+                  limit: int | None = None) -> list[str]:
+    """Names in the database's order (its collation), from just after `after`: the cut and
+    the order are the database's both, so pages neither skip nor repeat a name."""
+    rows = await db.fetch(
+        "SELECT name FROM {iceberg_objects} WHERE namespace = %(n)s AND kind = %(k)s"
+        + (" AND name > %(a)s" if after is not None else "") + " ORDER BY name"
+        + (" LIMIT %(l)s" if limit is not None else ""),
+        {"n": ns_key(ns), "k": kind, "a": after, "l": limit})
     return [str(r[0]) for r in rows]
 
 

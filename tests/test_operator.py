@@ -509,13 +509,19 @@ def test_api_server_rejects_bad_catalogs(kube, chart):
              "spec.catalog.credentialsSecretRef.name"),
             ({"enabled": True, "warehouse": "s3://b/w",
               "resources": {"limits": {"memory": "lots"}}}, "spec.catalog.resources.limits"),
+            ({"enabled": True, "warehouse": "s3://b/w", "retentionSeconds": -1},
+             "spec.catalog.retentionSeconds"),
+            ({"enabled": True, "warehouse": "s3://b/w", "retentionSeconds": 315360001},
+             "spec.catalog.retentionSeconds"),
+            ({"enabled": True, "warehouse": "s3://b/w", "retentionSeconds": "3600"},
+             "spec.catalog.retentionSeconds"),
     ]:
         r = apply(catalog)
         assert r.returncode != 0 and says in r.stderr, (catalog, r.stderr)
     r = apply({"enabled": True, "warehouse": "s3://b/w", "timeline": "counter:x",
                "resources": {"requests": {"cpu": 1, "memory": "256Mi"}},
                "ioProperties": {"s3.endpoint": "http://minio:9000"},
-               "credentialsSecretRef": {"name": "lake-s3"}},
+               "credentialsSecretRef": {"name": "lake-s3"}, "retentionSeconds": 7200.5},
               timelines=["EpochMilliseconds", "counter:x"])
     assert r.returncode == 0, r.stderr
     shown = json.loads(kube.kubectl("-n", ns, "apply", "--dry-run=server", "-o", "json", "-f",
@@ -525,3 +531,4 @@ def test_api_server_rejects_bad_catalogs(kube, chart):
                                             "tokenSecretRef": {"name": "t"}}}})).stdout)
     assert shown["spec"]["catalog"]["replicas"] == 1  # defaults from the schema
     assert shown["spec"]["catalog"]["tokenSecretRef"]["key"] == "token"
+    assert "retentionSeconds" not in shown["spec"]["catalog"]  # no default: the catalog's own

@@ -76,6 +76,7 @@ def test_defaults_follow_the_resource():
     assert c is not None
     assert (c.timeline, c.replicas, c.token_secret, c.volume) == ("EpochMilliseconds", 1, "",
                                                                    None)
+    assert c.retention_s is None  # not set: the catalog's own default, no --retention
     c = spec_with().catalog
     assert c is not None and c.warehouse == "file:///srv/warehouse"  # one spelling, no slash
     assert c.warehouse_path == "/srv/warehouse" and c.token_key == "token"
@@ -113,6 +114,14 @@ def test_defaults_follow_the_resource():
      "would put a credential in the resource"),
     ({"warehouse": "s3://lake/t", "volume": None, "credentialsSecretRef": {"name": "Bad_Name"}},
      "spec.catalog.credentialsSecretRef.name 'Bad_Name' is not a Secret name"),
+    ({"retentionSeconds": -1}, "spec.catalog.retentionSeconds must be a number of seconds "
+                               "from 0 to 315360000 (ten years), not -1"),
+    ({"retentionSeconds": 315360000.5}, "spec.catalog.retentionSeconds must be"),
+    ({"retentionSeconds": float("nan")}, "spec.catalog.retentionSeconds must be"),
+    ({"retentionSeconds": float("inf")}, "spec.catalog.retentionSeconds must be"),
+    # Only a number: a string or a boolean would reach the pods' arguments as something else.
+    ({"retentionSeconds": "3600"}, "spec.catalog.retentionSeconds must be"),
+    ({"retentionSeconds": True}, "spec.catalog.retentionSeconds must be"),
 ])
 def test_a_bad_catalog_spec_names_the_field(catalog_fields, says):
     with pytest.raises(ConfigError) as caught:
@@ -328,3 +337,27 @@ def test_an_object_store_gets_its_settings_as_arguments_and_credentials_from_a_s
                       ioProperties={"s3.region": "us-east-1"})
     assert catalog.desired(other, OWNER, "tsoracle:1", "?schema=tsoracle_orders").digest != \
         want.digest
+
+
+def test_retention_is_passed_only_when_set_and_rolls_the_pods_when_changed():
+    def args_of(spec) -> list[str]:
+        want = catalog.desired(spec, OWNER, "img", "")
+        return want.deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert "--retention" not in args_of(spec_with())  # unset: the catalog's default (3600)
+    for value, arg in [(7200, "7200"), (7200.0, "7200"), (0, "0"), (0.5, "0.5"),
+                       (315360000, "315360000")]:
+        spec = spec_with(retentionSeconds=value)
+        assert spec.catalog is not None and spec.catalog.retention_s == value
+        args = args_of(spec)
+        assert args[args.index("--retention") + 1] == arg
+        assert float(arg) == value  # as `catalog serve --retention` (a float) reads it
+    # One spelling per value; any other value (or setting it at all) is another Deployment:
+    # the digest moves and the pod template with it, so the pods roll.
+    digest = {v: catalog.desired(spec_with(retentionSeconds=v), OWNER, "img", "").digest
+              for v in (7200, 7200.0, 3600)}
+    unset = catalog.desired(spec_with(), OWNER, "img", "").digest
+    assert digest[7200] == digest[7200.0]
+    assert len({digest[7200], digest[3600], unset}) == 3
+    assert catalog.DIGEST_ANNOTATION not in json.dumps(
+        catalog.desired(spec_with(retentionSeconds=7200), OWNER, "img", "").deployment["spec"])

@@ -73,6 +73,9 @@ class CatalogSpec:
     credentials_secret: str = ""
     # Container resources, as Kubernetes has them: {"requests": {...}, "limits": {...}}.
     resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # How long reads at timestamps the catalog handed out keep the snapshots they need from
+    # snapshot expiry (`--retention`); None: not set, the catalog's own default.
+    retention_s: float | None = None
 
     @property
     def warehouse_path(self) -> str:
@@ -100,6 +103,7 @@ _NUMBER = r"(\d+(\.\d*)?|\.\d+)"
 _QUANTITY = re.compile(rf"^[+-]?{_NUMBER}([KMGTPE]i|[numkMGTPE]|[eE][+-]?{_NUMBER})?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 MAX_CATALOG_REPLICAS = 16
+MAX_CATALOG_RETENTION_S = 10 * 365 * 86400  # ten years, as `catalog serve --retention` allows
 
 
 def parse_spec(spec: Mapping[str, Any]) -> OracleSpec:
@@ -170,7 +174,20 @@ def parse_catalog(catalog: Mapping[str, Any], timelines: tuple[str, ...]) -> Cat
         resources=_catalog_resources(catalog.get("resources") or {}),
         io_properties=_catalog_io(catalog.get("ioProperties") or {}, warehouse),
         credentials_secret=_catalog_credentials(catalog.get("credentialsSecretRef") or {},
-                                                warehouse))
+                                                warehouse),
+        retention_s=_catalog_retention(catalog.get("retentionSeconds")))
+
+
+def _catalog_retention(value: Any) -> float | None:
+    if value is None:
+        return None
+    # A number as JSON has it (not a bool, not a string: the CRD says `type: number`); NaN and
+    # infinities fail the range check.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value <= MAX_CATALOG_RETENTION_S:
+        raise ConfigError(f"spec.catalog.retentionSeconds must be a number of seconds from 0 "
+                          f"to {MAX_CATALOG_RETENTION_S} (ten years), not {value!r}")
+    return float(value)
 
 
 # A FileIO setting's name; never one that starts with '-' (it would be read as a flag).

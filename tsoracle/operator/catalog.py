@@ -77,6 +77,12 @@ class Desired:
     digest: str
 
 
+def seconds_arg(seconds: float) -> str:
+    """A number of seconds as an argument: 7200, not 7200.0 (nor 3.1536e+08); one spelling
+    per value, so 7200 and 7200.0 in the resource make the same Deployment."""
+    return str(int(seconds)) if seconds.is_integer() else repr(seconds)
+
+
 def labels(owner: Owner) -> dict[str, str]:
     return {"app.kubernetes.io/name": APP_NAME, "app.kubernetes.io/instance": owner.name}
 
@@ -94,6 +100,10 @@ def desired(spec: OracleSpec, owner: Owner, image: str, suffix: str) -> Desired:
             "--timeline", catalog.timeline]
     for key, value in catalog.io_properties:
         args += ["--io-property", f"{key}={value}"]
+    if catalog.retention_s is not None:
+        # Only when set: a resource without it keeps its Deployment (and digest) as it was, so
+        # an operator upgrade rolls no pods; a new value is a new pod template, and they roll.
+        args += ["--retention", seconds_arg(catalog.retention_s)]
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     if catalog.token_secret:

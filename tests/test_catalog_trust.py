@@ -273,7 +273,7 @@ def test_a_purge_removes_the_current_metadata_file_too(served):
 def test_a_nested_namespace_needs_its_parent(served):
     base, catalog, _ = served
     got, answer = call("POST", f"{base}/v1/namespaces", {"namespace": ["nowhere", "child"]})
-    assert (got, _kind(answer)) == (404, "NoSuchNamespaceException"), answer
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
     assert "nowhere" in answer["error"]["message"]
     assert catalog.list_namespaces() == [("db",)]
     assert call("POST", f"{base}/v1/namespaces", {"namespace": ["db", "child"]})[0] == 200

@@ -18,6 +18,7 @@ from urllib.parse import unquote
 
 from pydantic import ValidationError
 from pyiceberg.catalog.rest import CreateTableRequest, RegisterTableRequest
+from pyiceberg.exceptions import ValidationError as IcebergValidationError
 from pyiceberg.table import CommitTableRequest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -409,8 +410,9 @@ def _parse(model: Any, body: dict[str, Any], what: str) -> Any:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
         raise BadRequest(f"invalid {what}: {where}: {first.get('msg')}") from None
-    except (ValueError, TypeError, AttributeError) as exc:  # pyiceberg's own validators
-        raise BadRequest(f"invalid {what}: {exc}") from None
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError,
+            IcebergValidationError) as exc:  # pyiceberg's own validators, and their slips
+        raise BadRequest(f"invalid {what}: {exc.__class__.__name__}: {exc}") from None
 
 
 def _metadata(loaded: Loaded) -> Any:

@@ -108,7 +108,9 @@ class Catalog:
             # The parent first, locked: a namespace whose parent is missing would be in no
             # listing, and the parent's drop takes the same lock before it looks for children.
             if len(ns) > 1 and await state.namespace_for_update(tx, ns[:-1]) is None:
-                raise no_namespace(ns[:-1])
+                # A 400: the spec lists no 404 for this operation.
+                raise BadRequest(f"{no_namespace(ns[:-1]).message}; create the parent "
+                                 "namespace first")
             return await state.create_namespace(tx, ns, properties)
 
         if not await self.backend.transaction(body):

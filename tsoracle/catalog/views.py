@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
+from pyiceberg.exceptions import ValidationError as IcebergValidationError
 from pyiceberg.schema import Schema
 from pyiceberg.view.metadata import ViewHistoryEntry, ViewMetadata, ViewVersion
 
@@ -191,7 +192,8 @@ def create(request: dict[str, Any], location: str, ts: int) -> ViewMetadata:
         return builder.build()
     except ValidationError as exc:
         raise BadRequest(f"invalid view: {_first(exc)}") from None
-    except (ValueError, TypeError, AttributeError) as exc:
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError,
+            IcebergValidationError) as exc:
         raise BadRequest(f"invalid view: {exc}") from None
 
 
@@ -203,7 +205,8 @@ def apply(base: ViewMetadata, updates: Sequence[dict[str, Any]], ts: int) -> Vie
         return builder.build()
     except ValidationError as exc:
         raise BadRequest(f"invalid view update: {_first(exc)}") from None
-    except (ValueError, TypeError, AttributeError) as exc:
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError,
+            IcebergValidationError) as exc:
         raise BadRequest(f"invalid view update: {exc}") from None
 
 

@@ -177,16 +177,16 @@ def spec_path() -> Path:
 
 
 def fetch_spec(source: str | Path | None = None) -> Path:
-    """Iceberg's REST catalog OpenAPI document of ICEBERG_VERSION, from the cache, or else from
-    `source` (or $TSORACLE_ICEBERG_SPEC): the file itself, or an Iceberg checkout or source
-    release holding open-api/rest-catalog-open-api.yaml. A copy whose bytes are not the pinned
-    ones (another version, an edited file) is refused."""
+    """Iceberg's REST catalog OpenAPI document of ICEBERG_VERSION, copied into the cache from
+    `source` when given, else from the cache, else from $TSORACLE_ICEBERG_SPEC. A source is the
+    file itself, or an Iceberg checkout or source release holding open-api/<SPEC_NAME>; one
+    whose bytes are not the pinned ones (another version, an edited file) is refused."""
     expected = SPEC_BLOBS.get(ICEBERG_VERSION)
     if expected is None:
         raise RckError(f"no {SPEC_NAME} is pinned for Iceberg {ICEBERG_VERSION}: add the git blob "
-                       "id of open-api/" + SPEC_NAME + " at its tag to SPEC_BLOBS")
+                       f"id of open-api/{SPEC_NAME} at its tag to SPEC_BLOBS")
     out = spec_path()
-    if out.is_file() and git_blob_id(out.read_bytes()) == expected:
+    if not source and out.is_file() and git_blob_id(out.read_bytes()) == expected:
         return out
     source = source or os.environ.get(SPEC_ENV)
     if not source:

@@ -212,7 +212,7 @@ def test_a_rollback_with_a_removal_is_stamped_at_its_commit_timestamp(url, tmp_p
     timeline: at any) did not see the rollback."""
     asyncio.run(tsoracle.init(url, timelines=["counter:cat"]))
     config = CatalogConfig(url=url, warehouse=str(tmp_path / "wh"), port=0,
-                           timeline="counter:cat")
+                           timeline="counter:cat", retention_s=0)  # it expires a new snapshot
     with RunningCatalog(config) as running:
         base = running.url
         catalog = RestCatalog("tso", uri=base)

@@ -271,7 +271,10 @@ class Catalog:
     async def _keep_for_reads(self, base: TableMetadata, removed: set[int], ts: int,
                               ident: tuple[str, ...]) -> None:
         """Refuse snapshot expiry that would take a snapshot from a read at a timestamp
-        handed out within the catalog's retention window (whichever engine asks)."""
+        handed out within the catalog's retention window (whichever engine asks). A
+        retention of 0 keeps nothing for reads."""
+        if self.ordering.retention_ms <= 0:
+            return
         kept = removed & metadata.needed_for_reads(base, await self.ordering.horizon(ts))
         if kept:
             raise BadRequest(

@@ -162,8 +162,10 @@ def lake_catalog(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("lake")
     url = f"sqlite:///{home / 'oracle.db'}"
     asyncio.run(tsoracle.init(url))
+    # The catalog's expiry window as short as the Lakehouse tests' read window (2 s), whose
+    # maintenance test expires snapshots a few seconds old.
     with RunningCatalog(CatalogConfig(url=url, warehouse=str(home / "warehouse"),
-                                      port=0)) as running:
+                                      port=0, retention_s=2.0)) as running:
         yield SimpleNamespace(uri=running.url, url=url)
 
 

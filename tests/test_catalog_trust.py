@@ -100,7 +100,7 @@ def test_no_property_that_names_code_is_accepted_anywhere(served, tmp_path):
     "file://..{wh}/db/x", "file://evil.example{wh}/db/x", "file://localhost{wh}/db/x",
     "{wh}/db/../../outside", "{wh}/db/%2e%2e/%2e%2e/outside", "{wh}/db/%252E%252E/x",
     "warehouse/db/x", "file:warehouse/db/x", "{wh}/db/x?y=1", "{wh}/db/x#frag",
-    "{wh}/db/victim", "{wh}/db/victim/inner", "{wh}/db",
+    "{wh}/db/victim", "{wh}/db/victim/inner", "{wh}/db", " {wh}/db/x", "{wh}/db/x ",
 ])
 def test_a_location_is_resolved_as_the_fileio_writes_it(served, tmp_path, spelling,
                                                          monkeypatch):
@@ -473,3 +473,142 @@ def test_snapshot_expiry_keeps_what_reads_in_the_retention_window_need(url, tmp_
     assert (got, _kind(answer)) == (400, "BadRequestException"), answer
     assert "retention" in answer["error"]["message"]
     assert kept[0.0][0] == 200, kept[0.0]
+
+
+# --- an adversarial review of the boundary above (each a 200, a 503 or lost files before) ---
+
+def _metadata_file(location: str) -> Path:
+    return Path(urllib.parse.urlparse(location).path)
+
+
+def test_a_purge_deletes_nothing_outside_the_dropped_tables_folder(served):
+    """A client-written metadata file may list another table's files: its manifest lists (a
+    commit's add-snapshot) and its metadata log (a registered file). Before, the purge deleted
+    them all."""
+    base, catalog, warehouse = served
+    victim = catalog.load_table("db.victim")
+    victim_files = _files(warehouse / "db" / "victim")
+    stolen = victim.current_snapshot().manifest_list
+    assert _create(base, "evil")[0] == 200
+    got, answer = call("POST", f"{base}/v1/namespaces/db/tables/evil", {"updates": [
+        {"action": "add-snapshot", "snapshot": {
+            "snapshot-id": 4242, "sequence-number": 1, "timestamp-ms": 1,
+            "manifest-list": stolen, "summary": {"operation": "append"}, "schema-id": 0}}]})
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    # The same through register: a file in the registering table's own folder that names the
+    # victim's manifest list and metadata file.
+    own = catalog.load_table("db.evil")
+    crafted = json.loads(_metadata_file(own.metadata_location).read_text())
+    crafted["snapshots"] = [{"snapshot-id": 4242, "sequence-number": 1, "timestamp-ms": 1,
+                             "manifest-list": stolen, "summary": {"operation": "append"},
+                             "schema-id": 0}]
+    crafted["current-snapshot-id"] = 4242
+    crafted["snapshot-log"] = [{"snapshot-id": 4242, "timestamp-ms": 1}]
+    crafted["refs"] = {"main": {"snapshot-id": 4242, "type": "branch"}}
+    crafted["last-sequence-number"] = 1
+    crafted["metadata-log"] = [{"metadata-file": victim.metadata_location, "timestamp-ms": 1}]
+    planted = _metadata_file(own.metadata_location).parent / "crafted.metadata.json"
+    planted.write_text(json.dumps(crafted))
+    assert call("DELETE", f"{base}/v1/namespaces/db/tables/evil")[0] == 204
+    got, answer = call("POST", f"{base}/v1/namespaces/db/register",
+                       {"name": "reg", "metadata-location": str(planted)})
+    assert got == 200, answer
+    assert call("DELETE", f"{base}/v1/namespaces/db/tables/reg?purgeRequested=true")[0] == 204
+    deadline = time.monotonic() + 30
+    while planted.exists() and time.monotonic() < deadline:  # the purge runs after the reply
+        time.sleep(0.1)
+    assert not planted.exists()
+    assert _files(warehouse / "db" / "victim") == victim_files
+    assert catalog.load_table("db.victim").scan().to_arrow().num_rows == 1
+
+
+def test_register_overwrite_keeps_history_and_stamps_what_it_adds(served):
+    """Before, a metadata file whose log held the current file could rewrite the snapshot log
+    under a read timestamp already handed out."""
+    base, catalog, warehouse = served
+    table = catalog.load_table("db.victim")
+    table.append(pa.table({"id": [2], "who": ["v"]}, schema=SCHEMA))
+    table = catalog.load_table("db.victim")
+    first, second = (s.snapshot_id for s in table.snapshots())
+    t = read_ts(base)
+    current = json.loads(_metadata_file(table.metadata_location).read_text())
+    folder = _metadata_file(table.metadata_location).parent
+    descends = [*current["metadata-log"], {"metadata-file": table.metadata_location,
+                                           "timestamp-ms": current["last-updated-ms"]}]
+    rewritten = {**current, "metadata-log": descends, "current-snapshot-id": first,
+                 "snapshot-log": [{"snapshot-id": first, "timestamp-ms": 1}],
+                 "refs": {"main": {"snapshot-id": first, "type": "branch"}}}
+    forward = {**current, "metadata-log": descends, "current-snapshot-id": first,
+               "snapshot-log": [*current["snapshot-log"],
+                                {"snapshot-id": first, "timestamp-ms": 1}],
+               "refs": {"main": {"snapshot-id": first, "type": "branch"}}}
+    for name, body in (("rewritten", rewritten), ("forward", forward)):
+        (folder / f"{name}.metadata.json").write_text(json.dumps(body))
+    got, answer = call("POST", f"{base}/v1/namespaces/db/register", {
+        "name": "victim", "overwrite": True,
+        "metadata-location": str(folder / "rewritten.metadata.json")})
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    assert catalog.load_table("db.victim").snapshot_as_of_timestamp(t).snapshot_id == second
+    got, answer = call("POST", f"{base}/v1/namespaces/db/register", {
+        "name": "victim", "overwrite": True,
+        "metadata-location": str(folder / "forward.metadata.json")})
+    assert got == 200, answer
+    w = answer["metadata"]["last-updated-ms"]
+    assert answer["metadata"]["snapshot-log"][-1] == {"snapshot-id": first, "timestamp-ms": w}
+    assert w > t
+    assert catalog.load_table("db.victim").snapshot_as_of_timestamp(t).snapshot_id == second
+
+
+def test_files_a_table_names_stay_in_its_own_folder(served):
+    base, catalog, warehouse = served
+    victim = catalog.load_table("db.victim").location()
+    for properties in ({"write.metadata.path": f"{victim}/metadata"},
+                       {"write.data.path": f"{victim}/data"}):
+        got, answer = _create(base, "e", properties=properties)
+        assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+        got, answer = call("POST", f"{base}/v1/namespaces/db/tables/victim", {"updates": [
+            {"action": "set-properties", "updates": {"write.data.path": "/elsewhere"}}]})
+        assert got == 400, answer
+    got, answer = _create(base, "inside", properties={
+        "write.data.path": f"{warehouse}/db/inside/files"})
+    assert got == 200, answer
+
+
+@pytest.mark.parametrize("where", ["{wh}", "{wh}/other", "{wh}/other/t"])
+def test_a_table_cannot_squat_another_namespaces_folder(served, where):
+    """Before: a table at the warehouse's root (or another namespace's folder) made every
+    later table there fail with an overlap."""
+    base, catalog, warehouse = served
+    got, answer = _create(base, "squat", location=where.format(wh=warehouse))
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    got, answer = call("POST", f"{base}/v1/namespaces", {
+        "namespace": ["evil"], "properties": {"location": f"{warehouse}/db"}})
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    catalog.create_namespace("other")
+    catalog.create_table("other.t", schema=SCHEMA)
+    assert _create(base, "mine", location=f"{warehouse}/db/elsewhere/mine")[0] == 200
+
+
+@pytest.mark.parametrize("name", ["/" * 255, "%" + "\u20ac" * 84])
+def test_a_name_too_long_as_a_folder_is_a_400(served, name):
+    base, _, _ = served
+    got, answer = _create(base, name)
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    assert "255 bytes" in answer["error"]["message"]
+
+
+def test_stage_create_ids_and_update_counts_are_checked(served):
+    base, catalog, warehouse = served
+    victim = catalog.load_table("db.victim").location()
+    got, answer = _create(base, "staged", location=victim, **{"stage-create": True})
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    got, answer = call("POST", f"{base}/v1/namespaces/db/tables/victim", {"updates": [
+        {"action": "add-snapshot", "snapshot": {
+            "snapshot-id": 2**63, "sequence-number": 2, "timestamp-ms": 1,
+            "manifest-list": f"{victim}/metadata/snap.avro",
+            "summary": {"operation": "append"}, "schema-id": 0}}]})
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    many = [{"action": "set-properties", "updates": {f"k{i}": "v"}} for i in range(300)]
+    got, answer = call("POST", f"{base}/v1/namespaces/db/tables/victim", {"updates": many})
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    assert "at most 256" in answer["error"]["message"]

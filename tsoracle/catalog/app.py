@@ -6,6 +6,7 @@ is a 400 that says what was wrong, and nothing else ever shows a traceback to a 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
@@ -21,7 +22,7 @@ from pyiceberg.catalog.rest import CreateTableRequest, RegisterTableRequest
 from pyiceberg.exceptions import ValidationError as IcebergValidationError
 from pyiceberg.table import CommitTableRequest
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -46,6 +47,8 @@ from tsoracle.errors import OracleError, Refused
 
 log = logging.getLogger("tsoracle.catalog")
 MAX_BODY = 16 * 1024 * 1024  # table metadata with many snapshots runs to megabytes, not more
+LARGE_BODY = 64 * 1024  # a body above this is parsed and validated on a worker thread
+BODY_TIMEOUT_S = 30  # a client that sends its body slower than this holds nothing longer
 
 # As the spec lists them (`{prefix}` is empty here: the catalog has one warehouse).
 ENDPOINTS = [
@@ -215,7 +218,7 @@ class _Api:
             for key in ("location", "partition-spec", "write-order"):
                 body.setdefault(key, None)
             created = await self.catalog.create_table(
-                ns, _parse(CreateTableRequest, body, "create-table request"))
+                ns, await _parse(CreateTableRequest, body, "create-table request"))
             return _loaded(created)
         return await _identifiers(request, ns, self.catalog.list_tables)
 
@@ -232,7 +235,7 @@ class _Api:
         if request.method == "POST":
             body = await self._json(request)
             body["identifier"] = {"namespace": list(ns), "name": name}
-            commit = _parse(CommitTableRequest, body, "commit request")
+            commit = await _parse(CommitTableRequest, body, "commit request")
             [done] = await self.catalog.commit([_change(commit)])
             return JSONResponse({"metadata-location": done.metadata_location,
                                  "metadata": _metadata(done)})
@@ -246,7 +249,7 @@ class _Api:
         body = await self._json(request)
         body.setdefault("overwrite", False)
         registered = await self.catalog.register_table(
-            _ns(request), _parse(RegisterTableRequest, body, "register request"))
+            _ns(request), await _parse(RegisterTableRequest, body, "register request"))
         return _loaded(registered)
 
     async def rename(self, request: Request) -> Response:
@@ -261,10 +264,15 @@ class _Api:
         if not isinstance(changes, list) or not changes:
             raise BadRequest("a transaction needs `table-changes`: a non-empty list of commits")
         parsed = []
+        if len(changes) > boundary.MAX_TABLE_CHANGES:
+            raise BadRequest(f"a transaction changes at most {boundary.MAX_TABLE_CHANGES} "
+                             "tables")
         for change in changes:
             if not isinstance(change, dict) or not isinstance(change.get("identifier"), dict):
                 raise BadRequest("each of `table-changes` needs an `identifier`")
-            parsed.append(_change(_parse(CommitTableRequest, change, "table change")))
+            parsed.append(_change(await _parse(CommitTableRequest,
+                                                _part(change, body),
+                                                "table change")))
         await self.catalog.commit(parsed)
         return Response(status_code=204)
 
@@ -312,19 +320,36 @@ class _Api:
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             raise PayloadTooLarge(f"the request body is larger than {self.max_body} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                raise PayloadTooLarge(f"the request body is larger than {self.max_body} bytes")
-            chunks.append(chunk)
         try:
-            body = json.loads(b"".join(chunks) or b"{}")
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise BadRequest("the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
-        _check_json(body)
-        return body
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > self.max_body:
+                        raise PayloadTooLarge(f"the request body is larger than "
+                                              f"{self.max_body} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise BadRequest(f"the request body did not arrive within {BODY_TIMEOUT_S} s") \
+                from None
+        except ClientDisconnect:
+            raise BadRequest("the client went away before its request body arrived") from None
+        data = b"".join(chunks) or b"{}"
+        if len(data) > LARGE_BODY:  # parsing is CPU work: off the event loop
+            body = await asyncio.to_thread(_decode, data)
+            body.large = True
+            return body
+        return _decode(data)
+
+
+def _decode(data: bytes) -> _Body:
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadRequest("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    _check_json(body)
+    return _Body(body)
 
 
 def _check_json(body: Any) -> None:
@@ -383,6 +408,9 @@ def _identifier(value: Any) -> tuple[tuple[str, ...], str]:
 
 
 def _change(commit: CommitTableRequest) -> Change:
+    if len(commit.updates) + len(commit.requirements) > boundary.MAX_UPDATES:
+        raise BadRequest(f"a commit has at most {boundary.MAX_UPDATES} updates and "
+                         "requirements; split it")
     ident = commit.identifier
     return Change(check_namespace(tuple(ident.namespace.root)), check_name(ident.name),
                   commit.requirements, commit.updates)
@@ -403,7 +431,32 @@ def _properties(value: Any) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in value.items()}
 
 
-def _parse(model: Any, body: dict[str, Any], what: str) -> Any:
+async def _parse(model: Any, body: dict[str, Any], what: str) -> Any:
+    """`body` as `model`, off the event loop when it is large (validation is CPU work that
+    would hold up every other request)."""
+    if _large(body):
+        return await asyncio.to_thread(_parse_now, model, body, what)
+    return _parse_now(model, body, what)
+
+
+def _large(body: Any) -> bool:
+    return isinstance(body, _Body) and body.large
+
+
+class _Body(dict[str, Any]):
+    """A request body, which remembers whether it was large."""
+
+    large = False
+
+
+def _part(value: dict[str, Any], of: Any) -> dict[str, Any]:
+    """A part of a body, large if the body was (it is validated where the body would be)."""
+    part = _Body(value)
+    part.large = _large(of)
+    return part
+
+
+def _parse_now(model: Any, body: dict[str, Any], what: str) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:

@@ -28,6 +28,11 @@ MAX_PROPERTIES = 1000
 MAX_LOCATION_BYTES = 4096
 MAX_PAGE_SIZE = 10_000
 MAX_JSON_DEPTH = 64  # table metadata nests types a few levels deep; nothing needs 64
+# An engine's commit carries a handful of updates (a create about ten); applying each copies
+# the table's metadata, so thousands would hold a worker for seconds.
+MAX_UPDATES = 256
+MAX_TABLE_CHANGES = 256
+MAX_METADATA_BYTES = 128 * 1024 * 1024  # a metadata file `register` may point at
 
 # Properties the catalog itself acts on (everything else is stored and returned, never acted
 # on). docs/iceberg.md lists them.
@@ -123,6 +128,8 @@ def resolve(location: str) -> str:
     if not isinstance(location, str) or not location.strip():
         raise BadRequest("a location must be a non-empty string")
     check_text(location, "a location", MAX_LOCATION_BYTES)
+    if location != location.strip():  # the FileIO keeps the spaces urlsplit drops
+        raise BadRequest(f"location {location!r} begins or ends with white space")
     if any(c in location for c in "\x00\\") or any(ord(c) < 0x20 for c in location):
         raise BadRequest(f"location {location!r} holds a control character or a backslash")
     parts = urlsplit(location)

@@ -64,23 +64,57 @@ class Warehouse:
             self._ios[scheme] = load_file_io(self.properties, location)
         return self._ios[scheme]
 
-    def table_location(self, namespace: Sequence[str], name: str,
-                       namespace_properties: dict[str, str]) -> str:
-        """The default: the namespace's `location` property (or its folder in the warehouse),
-        then the name, each level one folder that no other name maps to."""
+    def namespace_folder(self, namespace: Sequence[str],
+                         namespace_properties: dict[str, str]) -> str:
+        """Where a namespace's tables go by default: its `location` property, or one folder
+        per level under the warehouse, each a name no other level maps to."""
         base = namespace_properties.get("location")
         if base:
-            return self.inside(f"{base.rstrip('/')}/{boundary.segment(name)}")
-        folders = "/".join(boundary.segment(level) for level in (*namespace, name))
-        return self.inside(f"{self.uri.rstrip('/')}/{folders}")
+            return self.inside(base.rstrip("/"))
+        return self.inside("/".join([self.uri.rstrip("/"),
+                                     *(self._segment(level) for level in namespace)]))
+
+    def table_location(self, namespace: Sequence[str], name: str,
+                       namespace_properties: dict[str, str]) -> str:
+        """The default: the namespace's folder, then the name as one folder."""
+        folder = self.namespace_folder(namespace, namespace_properties)
+        return self.inside(f"{folder}/{self._segment(name)}")
+
+    @staticmethod
+    def _segment(name: str) -> str:
+        folder = boundary.segment(name)
+        if len(folder.encode()) > boundary.MAX_NAME_BYTES:
+            raise BadRequest(f"the name {name!r} as a folder ({len(folder.encode())} bytes, "
+                             f"percent-encoded) is longer than {boundary.MAX_NAME_BYTES} bytes: "
+                             "give a shorter name, or a location")
+        return folder
+
+    def check_own(self, location: str, namespace: Sequence[str],
+                  namespace_properties: dict[str, str]) -> None:
+        """A location a client chose for a table or view: inside its namespace's folder, or
+        inside a root --allow-location names; never a root itself, or another namespace's
+        folder, where it would stand in every later table's way."""
+        resolved = self.resolve(location)
+        own = self.resolve(self.namespace_folder(namespace, namespace_properties))
+        if any(resolved != root and boundary.within(resolved, root) for root in self.roots[1:]):
+            return
+        if resolved != own and boundary.within(resolved, own):
+            return
+        raise BadRequest(f"location {location!r} is not inside the namespace's folder {own!r}: "
+                         "a table or view goes in its namespace's folder (or under a root the "
+                         "catalog's --allow-location names); leave the location out")
 
     def check_paths(self, location: str, properties: dict[str, str]) -> None:
-        """Everything a table or view writes lies under the warehouse: its location and the
-        folders its properties may point metadata and data files to."""
-        self.inside(location)
+        """Everything a table or view writes lies in its own folder: the folders its
+        properties may point metadata and data files to are inside its location (another
+        table's folder, or one outside the warehouse, would take or lose its files)."""
+        folder = self.resolve(location)
         for key in boundary.PATH_PROPERTIES:
             if properties.get(key):
-                self.inside(properties[key])
+                if not boundary.within(self.resolve(properties[key]), folder):
+                    raise BadRequest(f"{key} {properties[key]!r} is not inside the folder "
+                                     f"{location!r} of its own table or view; leave it out, or "
+                                     "give a folder inside that one")
 
     def resolve(self, location: str) -> str:
         """`location` as the FileIO will write it, if that is within the warehouse (or a root
@@ -103,6 +137,14 @@ class Warehouse:
             found = FromInputFile.table_metadata(self.io(location).new_input(location))
             self._remember(location, found)
         return found
+
+    def read_bounded(self, location: str) -> TableMetadata:
+        """`read`, for a file a client names: refused above the size limit before reading."""
+        size = len(self.io(location).new_input(location))
+        if size > boundary.MAX_METADATA_BYTES:
+            raise BadRequest(f"the metadata file is {size} bytes, above the catalog's limit of "
+                             f"{boundary.MAX_METADATA_BYTES}")
+        return self.read(location)
 
     def write(self, metadata: TableMetadata, location: str) -> None:
         data = Compressor.get_compressor(location).bytes_compressor()(to_json(metadata).encode())
@@ -186,9 +228,9 @@ def needed_for_reads(base: TableMetadata, horizon: int) -> set[int]:
     return keep
 
 
-def _same(a: Any, b: Any, key: str) -> bool:
-    """Equal apart from the id (`key`): the same schema, spec or sort order."""
-    return bool(a.model_copy(update={key: 0}) == b.model_copy(update={key: 0}))
+def _content(item: Any, key: str) -> str:
+    """A schema, spec or sort order apart from its id (`key`): equal for the same one."""
+    return str(item.model_copy(update={key: 0}).model_dump_json())
 
 
 _SET_ID: dict[type, str] = {SetCurrentSchemaUpdate: "schema_id", SetDefaultSpecUpdate: "spec_id",
@@ -210,6 +252,11 @@ def renumber(base: TableMetadata | None, updates: Sequence[TableUpdate]) -> list
     }
     known = {add: list(getattr(base, held)) if base is not None else []
              for add, (_, _, held, _) in kinds.items()}
+    # Each kind's items by their content apart from the id (a key computed once per item, so
+    # that a commit adding many is linear, not quadratic), and the ids taken.
+    by_content = {add: {_content(k, kinds[add][1]): getattr(k, kinds[add][1]) for k in items}
+                  for add, items in known.items()}
+    taken = {add: {getattr(k, kinds[add][1]) for k in items} for add, items in known.items()}
     last: dict[type, int] = {}  # setter -> the id the last add got
     out: list[TableUpdate] = []
     for update in updates:
@@ -217,15 +264,16 @@ def renumber(base: TableMetadata | None, updates: Sequence[TableUpdate]) -> list
         if kind is not None:
             field, key, _, setter = kind
             item = getattr(update, field)
-            existing = [k for k in known[type(update)] if _same(k, item, key)]
-            if existing:
-                last[setter] = getattr(existing[0], key)
+            content = _content(item, key)
+            if content in by_content[type(update)]:
+                last[setter] = by_content[type(update)][content]
                 continue  # already there: nothing to add
-            taken = {getattr(k, key) for k in known[type(update)]}
-            if getattr(item, key) in taken:
-                item = item.model_copy(update={key: max(taken) + 1})
+            ids = taken[type(update)]
+            if getattr(item, key) in ids:
+                item = item.model_copy(update={key: max(ids) + 1})
                 update = type(update)(**{field: item})
-            known[type(update)].append(item)
+            by_content[type(update)].setdefault(content, getattr(item, key))
+            ids.add(getattr(item, key))
             last[setter] = getattr(item, key)
         else:
             target = next((k for k in last if isinstance(update, k)), None)
@@ -258,6 +306,7 @@ def apply(base: TableMetadata | None, base_location: str | None,
             base if base is not None else MetastoreCatalog._empty_table_metadata(),
             stamped, enforce_validation=base is None, metadata_location=base_location)
         warehouse.check_paths(new.location, new.properties)
+        check_snapshots(stamped, warehouse.resolve(new.location))
         if to_v3:
             new = TableMetadataUtil.parse_obj({**json.loads(to_json(new)), "format-version": 3,
                                                "next-row-id": 0})
@@ -270,6 +319,27 @@ def apply(base: TableMetadata | None, base_location: str | None,
         # have engines retry forever).
         raise InvalidArgument(f"the table's updates cannot be applied: {exc}") from None
     return stamp(new, base, ts)
+
+
+LONG = range(-(2**63), 2**63)  # Iceberg's ids and sequence numbers are Java longs
+
+
+def check_snapshots(updates: Sequence[TableUpdate], folder: str) -> None:
+    """A new snapshot's manifest list lies in its table's folder (a purge reads it and
+    deletes what it lists), and its ids fit the format's longs."""
+    for u in updates:
+        if not isinstance(u, AddSnapshotUpdate):
+            continue
+        snapshot = u.snapshot
+        for what, value in (("snapshot-id", snapshot.snapshot_id),
+                            ("parent-snapshot-id", snapshot.parent_snapshot_id),
+                            ("sequence-number", snapshot.sequence_number)):
+            if value is not None and value not in LONG:
+                raise BadRequest(f"add-snapshot: {what} {value} does not fit a 64-bit integer")
+        if snapshot.manifest_list and not boundary.within(
+                boundary.resolve(snapshot.manifest_list), folder):
+            raise BadRequest(f"add-snapshot: manifest-list {snapshot.manifest_list!r} is not "
+                             f"inside the table's folder {folder!r}; write it there")
 
 
 def stamp(new: TableMetadata, base: TableMetadata | None, ts: int) -> TableMetadata:

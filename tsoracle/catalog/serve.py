@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import threading
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,25 @@ from tsoracle.store import parse_url
 T = TypeVar("T")
 
 log = logging.getLogger("tsoracle.catalog")
+MAX_CONCURRENT_REQUESTS = 1024
+
+
+class _Unaddressed(logging.Filter):
+    """Keeps the database's address out of the log lines its driver writes (psycopg's pool
+    logs every failed connection attempt with host and port)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        parsed = parse_url(url)
+        self.secrets = [s for s in (parsed.safe, parsed.host, *password_forms(url)) if s]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        hidden = redact_texts(text, self.secrets, mark="<hidden>")
+        hidden = re.sub(r"\bport \d+", "port <hidden>", hidden)
+        if hidden != text:
+            record.msg, record.args = hidden, ()
+        return True
 
 
 @dataclass(frozen=True)
@@ -98,6 +118,7 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
                           "or an s3:// URI)")
     warehouse = Warehouse(config.warehouse, dict(config.io_properties),
                           allowed=config.allowed_locations)
+    scrub = _Unaddressed(config.url)
     sock = _listen(config.host, config.port)
     ordering: Ordering | None = None
     try:
@@ -106,12 +127,17 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
     except BaseException:
         sock.close()
         raise
+    drivers = [logging.getLogger(name) for name in ("psycopg", "psycopg.pool")]
+    for driver in drivers:
+        driver.addFilter(scrub)
     try:
         backend = await _without_address(config.url, open_instrumented_backend(config.url,
                                                                                "catalog"))
     except BaseException:
         sock.close()
         _stop_metrics(metrics)
+        for driver in drivers:
+            driver.removeFilter(scrub)
         raise
     try:
         if not 0 <= config.retention_s <= 10 * 365 * 86400:
@@ -133,8 +159,11 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
         catalog = Catalog(backend, ordering, warehouse)
         await catalog.record_locations()
         app = build_app(catalog, token=config.token, max_body=config.max_body)
+        # At most this many requests at once (beyond them: 503 at once), so that a flood of
+        # slow connections cannot take every file descriptor from the clients behind them.
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                               access_log=False))
+                                               access_log=False,
+                                               limit_concurrency=MAX_CONCURRENT_REQUESTS))
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
 
@@ -160,6 +189,8 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
         if ordering is not None:
             await ordering.close()
         await backend.close()
+        for driver in drivers:
+            driver.removeFilter(scrub)
 
 
 def _serve_metrics(host: str, port: int) -> WSGIServer:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyiceberg.catalog import MetastoreCatalog, delete_data_files, delete_files
+from pyiceberg.catalog import MetastoreCatalog, delete_files
 from pyiceberg.catalog.rest import CreateTableRequest, RegisterTableRequest
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import (
@@ -102,7 +102,7 @@ class Catalog:
                       if len(ns) == depth + 1 and ns[:depth] == (parent or ()))
 
     async def create_namespace(self, ns: Namespace, properties: dict[str, str]) -> None:
-        self._check_namespace_properties(properties)
+        self._check_namespace_properties(ns, properties)
 
         async def body(tx: Tx) -> bool:
             # The parent first, locked: a namespace whose parent is missing would be in no
@@ -116,10 +116,20 @@ class Catalog:
         if not await self.backend.transaction(body):
             raise namespace_taken(ns)
 
-    def _check_namespace_properties(self, properties: dict[str, str]) -> None:
+    def _check_namespace_properties(self, ns: Namespace, properties: dict[str, str]) -> None:
         boundary.check_properties(properties, "namespace properties")
         if properties.get("location"):
-            self.warehouse.inside(properties["location"])
+            # Its own default folder or below, or under an --allow-location root: never
+            # another namespace's folder, whose tables it would stand in the way of.
+            given = properties["location"]
+            own = self.warehouse.resolve(self.warehouse.namespace_folder(ns, {}))
+            resolved = self.warehouse.resolve(given)
+            if not boundary.within(resolved, own) and not any(
+                    resolved != root and boundary.within(resolved, root)
+                    for root in self.warehouse.roots[1:]):
+                raise BadRequest(f"namespace location {given!r} is not inside the "
+                                 f"namespace's own folder {own!r} (or under a root the "
+                                 "catalog's --allow-location names)")
 
     async def load_namespace(self, ns: Namespace) -> dict[str, str]:
         found = await state.namespace(self.backend, ns)
@@ -142,7 +152,7 @@ class Catalog:
     async def update_namespace(self, ns: Namespace, removals: Sequence[str],
                                updates: dict[str, str]) -> dict[str, list[str]]:
         boundary.check_keys(removals, "removals")
-        self._check_namespace_properties(updates)
+        self._check_namespace_properties(ns, updates)
         overlap = set(removals) & set(updates)
         if overlap:
             raise BadRequest(f"properties {sorted(overlap)} are both removed and updated")
@@ -179,9 +189,9 @@ class Catalog:
         name = check_name(request.name)
         boundary.check_properties(request.properties, "table properties")
         props = await self.load_namespace(ns)
-        location = (self.warehouse.inside(request.location) if request.location
-                    else self.warehouse.table_location(ns, name, props))
-
+        if request.location:
+            self.warehouse.check_own(request.location, ns, props)
+        location = request.location or self.warehouse.table_location(ns, name, props)
         self.warehouse.check_paths(location, request.properties)
         resolved = self.warehouse.resolve(location)
 
@@ -191,6 +201,11 @@ class Catalog:
 
         if request.stage_create:
             await self._free(ns, name, TABLE)
+            # Nothing is recorded yet (the create commits later), but an engine writes data
+            # files there before then: not in another table's folder.
+            user = await state.location_user(self.backend, resolved, ns, name)
+            if user is not None:
+                raise location_taken(location, (*ns, name), (*user[0], user[1]))
             return Loaded(None, fresh(await self.ordering.closed()))
 
         async def build(ts: int, attempt: int) -> Plan[Loaded]:
@@ -260,10 +275,14 @@ class Catalog:
                    for i in u.snapshot_ids}
         if removed and base is not None:
             await self._keep_for_reads(base, removed, ts, (*ns, name))
-        new = metadata.apply(base, base_location, change.updates, ts, self.warehouse)
+        # CPU work that grows with the updates and the table's history: off the event loop.
+        new = await asyncio.to_thread(metadata.apply, base, base_location, change.updates, ts,
+                                      self.warehouse)
         resolved = self.warehouse.resolve(new.location)
         moved_to = None if base is not None and \
             self.warehouse.resolve(base.location) == resolved else resolved
+        if moved_to is not None and base is not None:  # set-location: the client's choice
+            self.warehouse.check_own(new.location, ns, await self.load_namespace(ns))
         target = metadata.next_location(new, base_location)
         await asyncio.to_thread(self.warehouse.write, new, target)
         return Loaded(target, new), state.Swap(ns, name, base_location, target), moved_to
@@ -295,16 +314,35 @@ class Catalog:
             asyncio.get_running_loop().run_in_executor(None, self._purge, current, dropped)
 
     def _purge(self, current: str, dropped: TableMetadata) -> None:
+        """Delete a dropped table's files: only those inside its own folder. Its metadata was
+        written by clients, and a manifest list, manifest or metadata-log entry may name
+        another table's files, or files outside the warehouse: those stay."""
         io = self.warehouse.io(dropped.location)
         try:
-            manifests = [m for s in dropped.snapshots for m in s.manifests(io)]
-            delete_data_files(io, manifests)
-            delete_files(io, {m.manifest_path for m in manifests}, "manifest")
-            delete_files(io, {s.manifest_list for s in dropped.snapshots if s.manifest_list},
-                         "manifest list")
-            # The current file too: registered again, it would be a table whose data is gone.
-            delete_files(io, {current, *(e.metadata_file for e in dropped.metadata_log)},
-                         "metadata")
+            folder = self.warehouse.resolve(dropped.location)
+        except CatalogError:
+            log.warning("a dropped table's folder is not the catalog's to purge; its files stay")
+            return
+
+        def own(path: str) -> bool:
+            try:
+                return boundary.within(boundary.resolve(path), folder)
+            except CatalogError:
+                return False
+
+        try:
+            lists = {s.manifest_list for s in dropped.snapshots if s.manifest_list}
+            manifests = [m for s in dropped.snapshots if s.manifest_list and own(s.manifest_list)
+                         for m in s.manifests(io) if own(m.manifest_path)]
+            data = {e.data_file.file_path for m in manifests
+                    for e in m.fetch_manifest_entry(io, discard_deleted=False)}
+            for kind, paths in (("data", data), ("manifest", {m.manifest_path for m in manifests}),
+                                ("manifest list", lists),
+                                # The current file too: registered again, it would be a table
+                                # whose data is gone.
+                                ("metadata", {current,
+                                              *(e.metadata_file for e in dropped.metadata_log)})):
+                delete_files(io, {p for p in paths if own(p)}, kind)
         except Exception as exc:  # the table is gone either way; its files become orphans
             log.warning("purging a dropped table's files stopped: %s", exc.__class__.__name__)
 
@@ -323,7 +361,7 @@ class Catalog:
         name = check_name(request.name)
         location = self.warehouse.inside(request.metadata_location)
         try:
-            registered = await self._read(location)
+            registered = await asyncio.to_thread(self.warehouse.read_bounded, location)
         except CatalogError:
             raise
         except Exception:
@@ -342,26 +380,20 @@ class Catalog:
             if user is not None and user != (ns, name):
                 raise location_taken(location, (*ns, name), (*user[0], user[1]))
             expected = found.metadata_location if found else None
-            if expected is not None:
-                await self._forward_only(expected, location, registered, (*ns, name))
-            return Plan(Loaded(location, registered),
-                        swaps=[state.Swap(ns, name, expected, location)],
-                        locations=[(ns, name, resolved)])
+            if expected is None:
+                return Plan(Loaded(location, registered),
+                            swaps=[state.Swap(ns, name, None, location)],
+                            locations=[(ns, name, resolved)])
+            # Overwrite: a commit to the table, from its current metadata to the registered
+            # one, written anew with what it adds stamped W, as any commit's is.
+            base = await self._read(expected)
+            moved = forward_only(base, expected, location, registered, ts, (*ns, name))
+            target = metadata.next_location(moved, expected)
+            await asyncio.to_thread(self.warehouse.write, moved, target)
+            return Plan(Loaded(target, moved), swaps=[state.Swap(ns, name, expected, target)],
+                        written=[target], locations=[(ns, name, resolved)])
 
         return await self.ordering.commit(build)
-
-    async def _forward_only(self, current: str, location: str, registered: TableMetadata,
-                            ident: tuple[str, ...]) -> None:
-        """Register with overwrite may only move a table forward: to metadata whose log holds
-        its current file. Anything else would change history readers may already have read at
-        a timestamp the oracle handed out."""
-        if location == current:
-            raise BadRequest(f"{_dotted(ident)} is already at {location!r}")
-        if current not in {e.metadata_file for e in registered.metadata_log}:
-            raise BadRequest(
-                f"register with overwrite would move {_dotted(ident)} to metadata that does "
-                f"not descend from its current metadata ({current!r}); history that reads "
-                "may already have seen cannot change: register under a new name instead")
 
     # --- views --------------------------------------------------------------------------------
 
@@ -389,8 +421,9 @@ class Catalog:
         boundary.check_properties(given_props, "view properties")
         props = await self.load_namespace(ns)
         given = request.get("location")
-        location = (self.warehouse.inside(str(given)) if given
-                    else self.warehouse.table_location(ns, name, props))
+        if given:
+            self.warehouse.check_own(str(given), ns, props)
+        location = str(given) if given else self.warehouse.table_location(ns, name, props)
         resolved = self.warehouse.resolve(location)
 
         async def build(ts: int, attempt: int) -> Plan[tuple[str, ViewMetadata]]:
@@ -424,6 +457,8 @@ class Catalog:
             self.warehouse.check_paths(new.location, new.properties)
             resolved = self.warehouse.resolve(new.location)
             moved = self.warehouse.resolve(base.location) != resolved
+            if moved:
+                self.warehouse.check_own(new.location, ns, await self.load_namespace(ns))
             version = MetastoreCatalog._parse_metadata_version(found.metadata_location) + 1
             target = self._view_file(new, version)
             await self._write_view(new, target)
@@ -497,6 +532,36 @@ class Catalog:
     async def discard(self, locations: list[str]) -> None:
         if locations:
             await asyncio.to_thread(self.warehouse.delete, list(locations))
+
+
+def forward_only(base: TableMetadata, current: str, location: str, registered: TableMetadata,
+                 ts: int, ident: tuple[str, ...]) -> TableMetadata:
+    """`registered` as the next state of the table `base` (at `current`), stamped at `ts`; or
+    BadRequest if it is not one. Register with overwrite may only move a table forward: the
+    same table (UUID), metadata whose log holds the current file, every snapshot and
+    snapshot-log entry of the current metadata kept as they are. What it adds is stamped `ts`:
+    history at or below a read timestamp already handed out stays as readers saw it."""
+    def refuse(why: str) -> BadRequest:
+        return BadRequest(f"register with overwrite would {why} of {_dotted(ident)}; history "
+                          "that reads may already have seen cannot change: register under a "
+                          "new name, or commit the change instead")
+
+    if location == current:
+        raise BadRequest(f"{_dotted(ident)} is already at {location!r}")
+    if registered.table_uuid != base.table_uuid:
+        raise refuse("replace the table (another table UUID)")
+    if current not in {e.metadata_file for e in registered.metadata_log}:
+        raise refuse("move to metadata that does not descend from the current metadata")
+    kept = len(base.snapshot_log)
+    if list(registered.snapshot_log[:kept]) != list(base.snapshot_log):
+        raise refuse("change the snapshot log")
+    known = {s.snapshot_id: s for s in base.snapshots}
+    theirs = {s.snapshot_id: s for s in registered.snapshots}
+    if any(theirs.get(i) != s for i, s in known.items()):
+        raise refuse("remove or change snapshots")
+    snapshots = [s if s.snapshot_id in known else s.model_copy(update={"timestamp_ms": ts})
+                 for s in registered.snapshots]
+    return metadata.stamp(registered.model_copy(update={"snapshots": snapshots}), base, ts)
 
 
 def _dotted(parts: Sequence[Any]) -> str:

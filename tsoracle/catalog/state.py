@@ -240,11 +240,11 @@ async def rename(tx: Tx, source: Pointer, ns: Namespace, name: str) -> None:
 
 # --- locations --------------------------------------------------------------------------------
 
-async def location_user(tx: Tx, location: str, ns: Namespace, name: str
+async def location_user(db: Backend | Tx, location: str, ns: Namespace, name: str
                         ) -> tuple[Namespace, str] | None:
     """A table or view other than `ns.name` whose folder is `location`, holds it or lies in
     it (resolved locations: no dot segments, no trailing slash)."""
-    rows = await tx.fetch(
+    rows = await db.fetch(
         "SELECT namespace, name FROM {iceberg_locations}"
         " WHERE NOT (namespace = %(n)s AND name = %(t)s) AND (location = CAST(%(l)s AS TEXT)"
         " OR substr(CAST(%(l)s AS TEXT), 1, length(location) + 1) = location || '/'"

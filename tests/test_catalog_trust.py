@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import time
@@ -345,9 +346,10 @@ def _slow_call(method: str, url: str, body: Any = None) -> tuple[int, Any]:
 
 
 @pytest.mark.pg
-def test_a_503_names_no_database_address_or_user(pg, tmp_path):
+def test_a_503_names_no_database_address_or_user(pg, tmp_path, caplog):
     from tsoracle_dev.pgfaults import LossyRelay
 
+    caplog.set_level(logging.INFO)
     relay = LossyRelay(pg.port)
     try:
         url = relay.url(f"{pg.url()}?schema=c_{uuid.uuid4().hex[:8]}")
@@ -369,6 +371,11 @@ def test_a_503_names_no_database_address_or_user(pg, tmp_path):
         assert got in (503, 504), answer
         text = json.dumps(answer)
         assert not [s for s in secrets if s and s in text], text
+    # Nor the log: psycopg's pool logs each failed connection with host and port.
+    driver = [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")]
+    assert driver, "the outage left no driver log line to check"
+    assert not [line for line in driver if "127.0.0.1" in line
+                or f"port {parsed.port}" in line], driver[:3]
 
 
 def test_a_rename_racing_a_create_on_another_replica_is_a_conflict_never_a_504(url, tmp_path):

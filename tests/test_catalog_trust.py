@@ -619,3 +619,120 @@ def test_stage_create_ids_and_update_counts_are_checked(served):
     got, answer = call("POST", f"{base}/v1/namespaces/db/tables/victim", {"updates": many})
     assert (got, _kind(answer)) == (400, "BadRequestException"), answer
     assert "at most 256" in answer["error"]["message"]
+
+
+# --- a second adversarial review (each a 200 that broke a rule, or a refused workflow) ------
+
+CREATE_UPDATES = [
+    {"action": "assign-uuid", "uuid": "9c12d441-03fe-4693-9a96-a0705ddf69c1"},
+    {"action": "upgrade-format-version", "format-version": 2},
+    {"action": "add-schema", "schema": EMPTY_SCHEMA, "last-column-id": 1},
+    {"action": "set-current-schema", "schema-id": -1},
+    {"action": "add-spec", "spec": {"spec-id": 0, "fields": []}},
+    {"action": "set-default-spec", "spec-id": -1},
+    {"action": "add-sort-order", "sort-order": {"order-id": 0, "fields": []}},
+    {"action": "set-default-sort-order", "sort-order-id": -1},
+]
+
+
+def test_a_create_by_commit_or_register_stays_in_its_namespace(served):
+    base, catalog, warehouse = served
+    catalog.create_namespace("att")
+    got, answer = call("POST", f"{base}/v1/namespaces/att/tables/x", {
+        "requirements": [{"type": "assert-create"}],
+        "updates": [*CREATE_UPDATES, {"action": "set-location",
+                                      "location": f"{warehouse}/vic"}]})
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    own = catalog.create_table("att.own", schema=SCHEMA)
+    crafted = json.loads(_metadata_file(own.metadata_location).read_text())
+    crafted.update({"location": f"{warehouse}/vic", "table-uuid": str(uuid.uuid4())})
+    planted = _metadata_file(own.metadata_location).parent / "elsewhere.metadata.json"
+    planted.write_text(json.dumps(crafted))
+    got, answer = call("POST", f"{base}/v1/namespaces/att/register",
+                       {"name": "squat", "metadata-location": str(planted)})
+    assert (got, _kind(answer)) == (400, "BadRequestException"), answer
+    catalog.create_namespace("vic")
+    catalog.create_table("vic.t", schema=SCHEMA)
+
+
+def test_a_name_whose_folder_another_holds_gets_a_spare_one(served):
+    """Before: renaming a table away and creating its name again, or a table and a namespace
+    of one name, was refused as an overlap (dbt swaps tables so)."""
+    base, catalog, warehouse = served
+    catalog.create_table("db.m", schema=SCHEMA)
+    catalog.rename_table("db.m", "db.m_backup")
+    catalog.create_table("db.m", schema=SCHEMA)  # m_backup keeps m's old folder
+    catalog.create_namespace("db.n")
+    catalog.create_table("db.n.t", schema=SCHEMA)
+    catalog.create_table("db.n", schema=SCHEMA)  # its default folder holds db.n.t's
+    catalog.create_table("db.k", schema=SCHEMA)
+    catalog.create_namespace("db.k")
+    catalog.create_table("db.k.t", schema=SCHEMA)  # its default folder is in db.k's
+    from tsoracle.catalog import boundary
+
+    folders = [boundary.resolve(catalog.load_table(t).location())
+               for t in ("db.m", "db.m_backup", "db.n", "db.n.t", "db.k", "db.k.t")]
+    assert not any(boundary.overlaps(a, b) for i, a in enumerate(folders)
+                   for b in folders[i + 1:]), folders
+
+
+def test_register_overwrite_changes_nothing_a_reader_has_seen(served):
+    base, catalog, warehouse = served
+    table = catalog.load_table("db.victim")
+    table.append(pa.table({"id": [2], "who": ["v"]}, schema=SCHEMA))
+    table = catalog.load_table("db.victim")
+    first, second = (s.snapshot_id for s in table.snapshots())
+    current = json.loads(_metadata_file(table.metadata_location).read_text())
+    folder = _metadata_file(table.metadata_location).parent
+    log = [*current["metadata-log"], {"metadata-file": table.metadata_location,
+                                      "timestamp-ms": current["last-updated-ms"]}]
+    forward = {**current, "metadata-log": log}
+    redefined = json.loads(json.dumps(forward))
+    redefined["schemas"][0]["fields"][1]["name"] = "renamed"
+    relogged = {**forward, "metadata-log": [{"metadata-file": table.metadata_location,
+                                             "timestamp-ms": 1}]}
+    moved = {**forward, "location": f"{warehouse}/db/elsewhere"}
+    stats = {**forward, "statistics": [{"snapshot-id": first, "statistics-path":
+                                        f"{table.location()}/metadata/s.puffin",
+                                        "file-size-in-bytes": 1, "file-footer-size-in-bytes": 1,
+                                        "blob-metadata": []}]}
+    foreign = {**forward, "snapshots": [*current["snapshots"], {
+        "snapshot-id": 77, "parent-snapshot-id": second, "sequence-number": 3,
+        "timestamp-ms": 1, "manifest-list": f"{warehouse}/elsewhere/snap.avro",
+        "summary": {"operation": "append"}, "schema-id": 0}]}
+    rolled_back = {**forward, "current-snapshot-id": first,
+                   "refs": {"main": {"snapshot-id": first, "type": "branch"}}}
+    for name, body in (("redefined", redefined), ("relogged", relogged), ("moved", moved),
+                       ("stats", stats), ("foreign", foreign), ("rolled", rolled_back)):
+        (folder / f"{name}.metadata.json").write_text(json.dumps(body))
+    for name in ("redefined", "relogged", "moved", "stats", "foreign"):
+        got, answer = call("POST", f"{base}/v1/namespaces/db/register", {
+            "name": "victim", "overwrite": True,
+            "metadata-location": str(folder / f"{name}.metadata.json")})
+        assert (got, _kind(answer)) == (400, "BadRequestException"), (name, answer)
+    t = read_ts(base)
+    got, answer = call("POST", f"{base}/v1/namespaces/db/register", {
+        "name": "victim", "overwrite": True,
+        "metadata-location": str(folder / "rolled.metadata.json")})
+    assert got == 200, answer
+    w = answer["metadata"]["last-updated-ms"]
+    assert answer["metadata"]["snapshot-log"][-1] == {"snapshot-id": first, "timestamp-ms": w}
+    assert answer["metadata"]["metadata-log"][-1]["metadata-file"] == table.metadata_location
+    assert catalog.load_table("db.victim").snapshot_as_of_timestamp(t).snapshot_id == second
+
+
+def test_ids_fit_the_formats_integers(served):
+    base, catalog, _ = served
+    table = catalog.load_table("db.victim")
+    snapshot = table.current_snapshot().snapshot_id
+    for update in ({"action": "set-statistics", "snapshot-id": 2**70, "statistics": {
+                        "snapshot-id": 2**70, "statistics-path": f"{table.location()}/s.puffin",
+                        "file-size-in-bytes": 1, "file-footer-size-in-bytes": 1,
+                        "blob-metadata": []}},
+                   {"action": "add-snapshot", "snapshot": {
+                       "snapshot-id": 5, "parent-snapshot-id": snapshot, "sequence-number": 9,
+                       "timestamp-ms": 1, "manifest-list": f"{table.location()}/metadata/x.avro",
+                       "summary": {"operation": "append"}, "schema-id": 2**70}}):
+        got, answer = call("POST", f"{base}/v1/namespaces/db/tables/victim",
+                           {"updates": [update]})
+        assert (got, _kind(answer)) == (400, "BadRequestException"), (update, answer)

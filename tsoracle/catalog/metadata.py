@@ -40,6 +40,8 @@ from pyiceberg.types import NestedField, StructType
 from tsoracle.catalog import boundary
 from tsoracle.catalog.errors import BadRequest, CommitFailed, InvalidArgument
 
+# The warehouse's folder of tables whose default folder another holds (spare_location).
+SPARE_FOLDER = "_tsoracle_spare"
 # Metadata files are immutable: a small cache saves a read per commit.
 CACHED_METADATA = 256
 
@@ -89,14 +91,22 @@ class Warehouse:
                              "give a shorter name, or a location")
         return folder
 
+    def spare_location(self) -> str:
+        """A folder no name maps to, for a table or view whose default folder another holds
+        (the table that had the name was renamed, or a table's folder holds the namespace's)."""
+        return f"{self.uri.rstrip('/')}/{SPARE_FOLDER}/{uuid.uuid4().hex}"
+
     def check_own(self, location: str, namespace: Sequence[str],
                   namespace_properties: dict[str, str]) -> None:
         """A location a client chose for a table or view: inside its namespace's folder, or
-        inside a root --allow-location names; never a root itself, or another namespace's
-        folder, where it would stand in every later table's way."""
+        inside a root --allow-location names, or one the catalog gave out (`spare_location`);
+        never a root itself, or another namespace's folder, where it would stand in every
+        later table's way."""
         resolved = self.resolve(location)
         own = self.resolve(self.namespace_folder(namespace, namespace_properties))
-        if any(resolved != root and boundary.within(resolved, root) for root in self.roots[1:]):
+        spare = self.resolve(f"{self.uri.rstrip('/')}/{SPARE_FOLDER}")
+        if any(resolved != root and boundary.within(resolved, root)
+               for root in (*self.roots[1:], spare)):
             return
         if resolved != own and boundary.within(resolved, own):
             return
@@ -321,7 +331,8 @@ def apply(base: TableMetadata | None, base_location: str | None,
     return stamp(new, base, ts)
 
 
-LONG = range(-(2**63), 2**63)  # Iceberg's ids and sequence numbers are Java longs
+LONG = range(-(2**63), 2**63)  # Iceberg's snapshot ids and sequence numbers are Java longs
+INT = range(-(2**31), 2**31)  # and its schema ids Java ints
 
 
 def check_snapshots(updates: Sequence[TableUpdate], folder: str) -> None:
@@ -331,11 +342,13 @@ def check_snapshots(updates: Sequence[TableUpdate], folder: str) -> None:
         if not isinstance(u, AddSnapshotUpdate):
             continue
         snapshot = u.snapshot
-        for what, value in (("snapshot-id", snapshot.snapshot_id),
-                            ("parent-snapshot-id", snapshot.parent_snapshot_id),
-                            ("sequence-number", snapshot.sequence_number)):
-            if value is not None and value not in LONG:
-                raise BadRequest(f"add-snapshot: {what} {value} does not fit a 64-bit integer")
+        for what, value, bits in (("snapshot-id", snapshot.snapshot_id, LONG),
+                                  ("parent-snapshot-id", snapshot.parent_snapshot_id, LONG),
+                                  ("sequence-number", snapshot.sequence_number, LONG),
+                                  ("schema-id", snapshot.schema_id, INT)):
+            if value is not None and value not in bits:
+                raise BadRequest(f"add-snapshot: {what} {value} does not fit the format's "
+                                 f"{'64' if bits is LONG else '32'}-bit integers")
         if snapshot.manifest_list and not boundary.within(
                 boundary.resolve(snapshot.manifest_list), folder):
             raise BadRequest(f"add-snapshot: manifest-list {snapshot.manifest_list!r} is not "

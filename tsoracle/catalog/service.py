@@ -4,6 +4,7 @@ files (metadata.py) and the oracle's order (ordering.py). HTTP lives in app.py."
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -13,12 +14,15 @@ from typing import Any
 from pyiceberg.catalog import MetastoreCatalog, delete_files
 from pyiceberg.catalog.rest import CreateTableRequest, RegisterTableRequest
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import MetadataLogEntry, SnapshotLogEntry
 from pyiceberg.table.update import (
+    AddSnapshotUpdate,
     AssertCreate,
     RemovePropertiesUpdate,
     RemoveSnapshotsUpdate,
     SetLocationUpdate,
     SetPropertiesUpdate,
+    SetStatisticsUpdate,
     TableRequirement,
     TableUpdate,
 )
@@ -191,7 +195,7 @@ class Catalog:
         props = await self.load_namespace(ns)
         if request.location:
             self.warehouse.check_own(request.location, ns, props)
-        location = request.location or self.warehouse.table_location(ns, name, props)
+        location = request.location or await self._default_location(ns, name, props)
         self.warehouse.check_paths(location, request.properties)
         resolved = self.warehouse.resolve(location)
 
@@ -253,6 +257,11 @@ class Catalog:
                 boundary.check_keys(update.removals, "remove-properties")
             elif isinstance(update, SetLocationUpdate):
                 self.warehouse.inside(update.location)
+            elif isinstance(update, SetStatisticsUpdate):
+                for value in (update.snapshot_id, update.statistics.snapshot_id):
+                    if value is not None and value not in metadata.LONG:
+                        raise BadRequest(f"set-statistics: snapshot-id {value} does not fit "
+                                         "the format's 64-bit integers")
 
     async def _apply(self, change: Change, ts: int, attempt: int
                      ) -> tuple[Loaded, state.Swap, str | None]:
@@ -281,7 +290,7 @@ class Catalog:
         resolved = self.warehouse.resolve(new.location)
         moved_to = None if base is not None and \
             self.warehouse.resolve(base.location) == resolved else resolved
-        if moved_to is not None and base is not None:  # set-location: the client's choice
+        if moved_to is not None:  # a create's or set-location's: the client's choice
             self.warehouse.check_own(new.location, ns, await self.load_namespace(ns))
         target = metadata.next_location(new, base_location)
         await asyncio.to_thread(self.warehouse.write, new, target)
@@ -372,7 +381,9 @@ class Catalog:
         resolved = self.warehouse.resolve(registered.location)
 
         async def build(ts: int, attempt: int) -> Plan[Loaded]:
-            await self.load_namespace(ns)
+            # Its folder, like any a client chooses, is in the namespace's (or an allowed
+            # root): a registered table may not stand in another namespace's way.
+            self.warehouse.check_own(registered.location, ns, await self.load_namespace(ns))
             found = await state.pointer(self.backend, ns, name)
             if found is not None and (found.kind != TABLE or not request.overwrite):
                 raise name_taken((*ns, name), found.kind, TABLE)
@@ -423,7 +434,7 @@ class Catalog:
         given = request.get("location")
         if given:
             self.warehouse.check_own(str(given), ns, props)
-        location = str(given) if given else self.warehouse.table_location(ns, name, props)
+        location = str(given) if given else await self._default_location(ns, name, props)
         resolved = self.warehouse.resolve(location)
 
         async def build(ts: int, attempt: int) -> Plan[tuple[str, ViewMetadata]]:
@@ -505,6 +516,16 @@ class Catalog:
 
     # --- helpers ------------------------------------------------------------------------------
 
+    async def _default_location(self, ns: Namespace, name: str, props: dict[str, str]) -> str:
+        """The namespace's folder and the name; a spare folder if another table or view holds
+        that one (renamed away from the name, or a table whose folder holds the namespace's),
+        so that no one can stand in the way of a create by taking its folder first."""
+        location = self.warehouse.table_location(ns, name, props)
+        if await state.location_user(self.backend, self.warehouse.resolve(location), ns,
+                                     name) is None:
+            return location
+        return self.warehouse.spare_location()
+
     async def _free(self, ns: Namespace, name: str, kind: str) -> None:
         """Raise AlreadyExists unless no table or view has this name."""
         found = await state.pointer(self.backend, ns, name)
@@ -534,13 +555,26 @@ class Catalog:
             await asyncio.to_thread(self.warehouse.delete, list(locations))
 
 
+# What register with overwrite may change in a table's metadata (the rest stays as it is):
+# what a commit may add or move. Lists keyed by id keep every item the table has, as it is.
+_MOVABLE = {"snapshots", "snapshot-log", "refs", "current-snapshot-id", "last-sequence-number",
+            "last-updated-ms", "metadata-log", "schemas", "current-schema-id", "last-column-id",
+            "partition-specs", "default-spec-id", "last-partition-id", "sort-orders",
+            "default-sort-order-id", "statistics", "partition-statistics", "properties",
+            "next-row-id"}
+_KEPT_BY_ID = {"snapshots": "snapshot-id", "schemas": "schema-id", "partition-specs": "spec-id",
+               "sort-orders": "order-id"}
+
+
 def forward_only(base: TableMetadata, current: str, location: str, registered: TableMetadata,
                  ts: int, ident: tuple[str, ...]) -> TableMetadata:
     """`registered` as the next state of the table `base` (at `current`), stamped at `ts`; or
-    BadRequest if it is not one. Register with overwrite may only move a table forward: the
-    same table (UUID), metadata whose log holds the current file, every snapshot and
-    snapshot-log entry of the current metadata kept as they are. What it adds is stamped `ts`:
-    history at or below a read timestamp already handed out stays as readers saw it."""
+    BadRequest if it is not one. Register with overwrite may only move a table forward, as a
+    commit would: the same table (UUID and folder), metadata whose log holds the current file,
+    every snapshot, schema, spec, sort order, statistics file, snapshot-log and metadata-log
+    entry the table has kept as it is. What it adds is stamped `ts` (snapshots, snapshot-log
+    entries, and one for main if it moved without one): history at or below a read timestamp
+    already handed out stays as readers saw it."""
     def refuse(why: str) -> BadRequest:
         return BadRequest(f"register with overwrite would {why} of {_dotted(ident)}; history "
                           "that reads may already have seen cannot change: register under a "
@@ -548,20 +582,43 @@ def forward_only(base: TableMetadata, current: str, location: str, registered: T
 
     if location == current:
         raise BadRequest(f"{_dotted(ident)} is already at {location!r}")
-    if registered.table_uuid != base.table_uuid:
-        raise refuse("replace the table (another table UUID)")
-    if current not in {e.metadata_file for e in registered.metadata_log}:
-        raise refuse("move to metadata that does not descend from the current metadata")
-    kept = len(base.snapshot_log)
-    if list(registered.snapshot_log[:kept]) != list(base.snapshot_log):
+    old, new = json.loads(metadata.to_json(base)), json.loads(metadata.to_json(registered))
+    for key in (set(old) | set(new)) - _MOVABLE:
+        if old.get(key) != new.get(key):
+            raise refuse(f"change `{key}`")
+    for key, id_key in _KEPT_BY_ID.items():
+        theirs = {item.get(id_key): item for item in new.get(key) or []}
+        if any(theirs.get(item.get(id_key)) != item for item in old.get(key) or []):
+            raise refuse(f"change or remove {key}")
+    added = {s["snapshot-id"] for s in new.get("snapshots") or []} - \
+        {s["snapshot-id"] for s in old.get("snapshots") or []}
+    for key in ("statistics", "partition-statistics"):
+        kept = [f for f in new.get(key) or [] if f.get("snapshot-id") not in added]
+        if kept != (old.get(key) or []):
+            raise refuse(f"change {key} of existing snapshots")
+    if new.get("snapshot-log", [])[:len(old.get("snapshot-log", []))] != \
+            old.get("snapshot-log", []):
         raise refuse("change the snapshot log")
-    known = {s.snapshot_id: s for s in base.snapshots}
-    theirs = {s.snapshot_id: s for s in registered.snapshots}
-    if any(theirs.get(i) != s for i, s in known.items()):
-        raise refuse("remove or change snapshots")
-    snapshots = [s if s.snapshot_id in known else s.model_copy(update={"timestamp_ms": ts})
+    files = [e["metadata-file"] for e in new.get("metadata-log") or []]
+    if files[:len(old.get("metadata-log") or [])] != \
+            [e["metadata-file"] for e in old.get("metadata-log") or []] or current not in files:
+        raise refuse("move to metadata whose log does not continue the current one")
+    metadata.check_snapshots([AddSnapshotUpdate(snapshot=s) for s in registered.snapshots
+                              if s.snapshot_id in added], boundary.resolve(base.location))
+    # The metadata log as a commit leaves it: the table's, then the current file at its W.
+    log_entries = [*base.metadata_log, MetadataLogEntry.model_validate(
+        {"metadata-file": current, "timestamp-ms": base.last_updated_ms})]
+    snapshots = [s.model_copy(update={"timestamp_ms": ts}) if s.snapshot_id in added else s
                  for s in registered.snapshots]
-    return metadata.stamp(registered.model_copy(update={"snapshots": snapshots}), base, ts)
+    moved = registered.model_copy(update={"snapshots": snapshots, "metadata_log": log_entries})
+    stamped = metadata.stamp(moved, base, ts)
+    head = stamped.snapshot_log[-1].snapshot_id if stamped.snapshot_log else None
+    if stamped.current_snapshot_id is not None and head != stamped.current_snapshot_id:
+        # Main moved (a rollback) with no entry of its own: the one a commit would have made.
+        entry = SnapshotLogEntry.model_validate(
+            {"snapshot-id": stamped.current_snapshot_id, "timestamp-ms": ts})
+        stamped = stamped.model_copy(update={"snapshot_log": [*stamped.snapshot_log, entry]})
+    return stamped
 
 
 def _dotted(parts: Sequence[Any]) -> str:

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -358,10 +359,13 @@ def test_a_503_names_no_database_address_or_user(pg, tmp_path, caplog):
         with RunningCatalog(config) as running:
             RestCatalog("tso", uri=running.url).create_namespace("db")
             relay.cut(300)
-            answers = [_slow_call("POST", f"{running.url}/v1/tsoracle/read-ts"),
-                       _slow_call("GET", f"{running.url}/v1/namespaces"),
-                       _slow_call("POST", f"{running.url}/v1/namespaces/db/tables",
-                                  {"name": "t", "schema": EMPTY_SCHEMA})]
+            # At once: each waits out the catalog's retry budget (30 s).
+            with ThreadPoolExecutor(3) as pool:
+                answers = list(pool.map(lambda args: _slow_call(*args), [
+                    ("POST", f"{running.url}/v1/tsoracle/read-ts"),
+                    ("GET", f"{running.url}/v1/namespaces"),
+                    ("POST", f"{running.url}/v1/namespaces/db/tables",
+                     {"name": "t", "schema": EMPTY_SCHEMA})]))
     finally:
         relay.close()
     parsed = urllib.parse.urlparse(url)

@@ -533,6 +533,12 @@ def test_a_purge_deletes_nothing_outside_the_dropped_tables_folder(served):
     assert catalog.load_table("db.victim").scan().to_arrow().num_rows == 1
 
 
+def _overwrite(base: str, metadata: Path) -> tuple[int, Any]:
+    """Register `metadata` over the table db.victim."""
+    return call("POST", f"{base}/v1/namespaces/db/register",
+                {"name": "victim", "overwrite": True, "metadata-location": str(metadata)})
+
+
 def test_register_overwrite_keeps_history_and_stamps_what_it_adds(served):
     """Before, a metadata file whose log held the current file could rewrite the snapshot log
     under a read timestamp already handed out."""
@@ -555,14 +561,10 @@ def test_register_overwrite_keeps_history_and_stamps_what_it_adds(served):
                "refs": {"main": {"snapshot-id": first, "type": "branch"}}}
     for name, body in (("rewritten", rewritten), ("forward", forward)):
         (folder / f"{name}.metadata.json").write_text(json.dumps(body))
-    got, answer = call("POST", f"{base}/v1/namespaces/db/register", {
-        "name": "victim", "overwrite": True,
-        "metadata-location": str(folder / "rewritten.metadata.json")})
+    got, answer = _overwrite(base, folder / "rewritten.metadata.json")
     assert (got, _kind(answer)) == (400, "BadRequestException"), answer
     assert catalog.load_table("db.victim").snapshot_as_of_timestamp(t).snapshot_id == second
-    got, answer = call("POST", f"{base}/v1/namespaces/db/register", {
-        "name": "victim", "overwrite": True,
-        "metadata-location": str(folder / "forward.metadata.json")})
+    got, answer = _overwrite(base, folder / "forward.metadata.json")
     assert got == 200, answer
     w = answer["metadata"]["last-updated-ms"]
     assert answer["metadata"]["snapshot-log"][-1] == {"snapshot-id": first, "timestamp-ms": w}
@@ -710,14 +712,10 @@ def test_register_overwrite_changes_nothing_a_reader_has_seen(served):
                        ("stats", stats), ("foreign", foreign), ("rolled", rolled_back)):
         (folder / f"{name}.metadata.json").write_text(json.dumps(body))
     for name in ("redefined", "relogged", "moved", "stats", "foreign"):
-        got, answer = call("POST", f"{base}/v1/namespaces/db/register", {
-            "name": "victim", "overwrite": True,
-            "metadata-location": str(folder / f"{name}.metadata.json")})
+        got, answer = _overwrite(base, folder / f"{name}.metadata.json")
         assert (got, _kind(answer)) == (400, "BadRequestException"), (name, answer)
     t = read_ts(base)
-    got, answer = call("POST", f"{base}/v1/namespaces/db/register", {
-        "name": "victim", "overwrite": True,
-        "metadata-location": str(folder / "rolled.metadata.json")})
+    got, answer = _overwrite(base, folder / "rolled.metadata.json")
     assert got == 200, answer
     w = answer["metadata"]["last-updated-ms"]
     assert answer["metadata"]["snapshot-log"][-1] == {"snapshot-id": first, "timestamp-ms": w}

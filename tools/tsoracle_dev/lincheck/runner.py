@@ -410,7 +410,15 @@ def porcupine(paths: list[Path], html: Path, *, run_id: str | None = None,
     proc = subprocess.run([*argv, *map(str, paths)], capture_output=True, text=True)
     if proc.returncode == 3:
         raise RuntimeError(f"lincheck could not read the histories: {proc.stderr}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        # Killed (the kernel's OOM killer, a signal) or crashed: a verdict of its own, with
+        # what it said, so the run's summary still tells what happened before.
+        result = {"verdict": f"checker failed (exit {proc.returncode}): "
+                             f"{proc.stderr.strip()[-500:] or 'no output'}",
+                  "ops": 0, "seconds": 0.0}
     result["exit"] = proc.returncode
     return result
 
@@ -892,6 +900,10 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
         nemesis.run()
     except Stalled as exc:
         stalled = str(exc)
+        for p in procs.values():  # each live worker prints where its clients wait (its log)
+            if p.poll() is None:
+                p.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
     except Exception as exc:  # reported in the verdict: a fault that was not injected
         nemesis_errors.append(f"{type(exc).__name__}: {exc}")
     finally:
@@ -956,6 +968,10 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
     }
     if checked["exit"] == 1:
         summary["visualization"] = str(out / "violation.html")
+    if stalled:  # where the clients waited: what a stall's report needs first
+        summary["worker_log_tails"] = {
+            log.name: log.read_text(errors="replace").splitlines()[-25:]
+            for log in sorted(out.glob("worker-*.log"))}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

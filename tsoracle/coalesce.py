@@ -103,7 +103,8 @@ class Pipelined(Generic[T]):
 
     def __init__(self, fns: list[Callable[[], Awaitable[T]]],
                  on_batch: Callable[[int], None] | None = None, *,
-                 pipeline_from_rtt_s: float | None = None, samples: int = 256) -> None:
+                 pipeline_from_rtt_s: float | None = None, samples: int = 256,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if not 1 <= len(fns) <= MAX_PIPELINE_DEPTH:
             raise ValueError(f"pipeline depth must be 1 to {MAX_PIPELINE_DEPTH}, got {len(fns)}")
         self._fns = fns
@@ -121,6 +122,8 @@ class Pipelined(Generic[T]):
             else default_pipeline_from_rtt_s()
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # The tests pass their event loop's virtual clock: the gaps are then exact.
+        self._clock = clock
 
     @property
     def depth(self) -> int:
@@ -155,9 +158,9 @@ class Pipelined(Generic[T]):
             try:
                 if self._on_batch is not None:
                     self._on_batch(1)
-                started = time.perf_counter()
+                started = self._clock()
                 value = await self._fns[index]()
-                self._measured(time.perf_counter() - started)
+                self._measured(self._clock() - started)
                 return value
             finally:
                 self._give_back(index)
@@ -173,7 +176,7 @@ class Pipelined(Generic[T]):
 
     def _take(self) -> int:
         self._running += 1
-        self._last_start = time.perf_counter()
+        self._last_start = self._clock()
         return self._free.pop()
 
     def _give_back(self, index: int) -> None:
@@ -189,7 +192,7 @@ class Pipelined(Generic[T]):
             gap = self._gap()
             if gap is None:
                 return  # the running call's end launches the next
-            wait = self._last_start + gap - time.perf_counter()
+            wait = self._last_start + gap - self._clock()
             if wait > 0:
                 if self._timer is None:
                     # Event loops wake in whole milliseconds (asyncio's epoll rounds up,
@@ -216,7 +219,7 @@ class Pipelined(Generic[T]):
                 if not self._waiting or self._gap() is not None:
                     return
                 batch, self._waiting = self._waiting, []
-                self._last_start = time.perf_counter()
+                self._last_start = self._clock()
         finally:
             self._give_back(index)
 
@@ -224,9 +227,9 @@ class Pipelined(Generic[T]):
         try:
             if self._on_batch is not None:
                 self._on_batch(len(batch))
-            started = time.perf_counter()
+            started = self._clock()
             value = await self._fns[index]()
-            self._measured(time.perf_counter() - started)
+            self._measured(self._clock() - started)
         except Exception as exc:
             for fut in batch:
                 if not fut.done():

@@ -92,6 +92,9 @@ LEGACY_ONLY = ("takeovers",)  # leader changes mean nothing to the distributed i
 TIMELINES = (EPOCH_MILLISECONDS, "counter:lin", "counter:lin2")
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
 DEFAULT_CAP_S = 600.0  # a scenario that has not finished by then hangs
+# A run sized by take-overs: operations served between two (the old leader then has writes out
+# that it has not applied, which is what a bug in the take-over path needs to show).
+TAKEOVER_SPACING = 100
 # After fencing goes back to Always, a legacy leader may still answer one stale read until its
 # next confirmation: DISABLED_MAX_STALENESS_S (1 s) plus that statement, with a wide margin.
 STRICT_AGAIN_AFTER_S = 3.0
@@ -561,6 +564,7 @@ class Nemesis:
         self.faults: list[dict[str, Any]] = []
         self.first_fault = 0
         self.ns: NetNamespace | None = None  # set by run() for the partition scenario
+        self.takeovers: int | None = None  # set by run(): the takeovers scenario by events
         self.partition_window: tuple[int, int] | None = None
         self.flips: Recorder | None = None
         self.strict_at: float | None = None  # when reads stop being recorded as stale-read
@@ -802,6 +806,11 @@ class Nemesis:
             self.at(0.8)
             self.control.write(lost_reply_rate=0.0)
             self.fault("no more lost replies")
+        elif scenario == "takeovers" and self.takeovers:
+            for n in range(1, self.takeovers + 1):
+                self.at((self.progress.poll() + TAKEOVER_SPACING) / self.min_ops)
+                self.lead(n % self.processes)
+                self.took_over(n % self.processes)
         elif scenario == "takeovers":
             for n, frac in enumerate((0.2, 0.4, 0.6, 0.8), start=1):
                 self.at(frac)
@@ -812,8 +821,11 @@ class Nemesis:
 def run(scenario: str, implementation: str, *, out: Path, url: str | None = None,
         processes: int = 4, clients: int = 4, min_ops: int = 3000,
         cap_s: float = DEFAULT_CAP_S, broken: str | None = None,
-        isolation: str = "read committed") -> dict[str, Any]:
+        isolation: str = "read committed", takeovers: int | None = None) -> dict[str, Any]:
     """One scenario until `min_ops` operations completed; `out` must be a new, empty folder.
+
+    `takeovers` (the `takeovers` scenario only) sizes the run by take-overs instead: that many,
+    each once the leader before it has served TAKEOVER_SPACING operations.
 
     `isolation` "serializable" runs on the server's database whose transactions default to
     SERIALIZABLE (CockroachDB's only level); it needs the runner's own server (no `url`)."""
@@ -821,6 +833,8 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
         raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
     if url is not None and isolation != "read committed":
         raise ValueError("a serializable run starts its own server: leave out url")
+    if takeovers is not None and scenario != "takeovers":
+        raise ValueError("takeovers sizes only the takeovers scenario")
     if url is not None and scenario == "partition":
         raise ValueError("the partition scenario starts its own server: leave out url")
     if out.exists() and any(out.iterdir()):
@@ -835,7 +849,7 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
     try:
         return _run(scenario, implementation, out=out, url=url, processes=processes,
                     clients=clients, min_ops=min_ops, cap_s=cap_s, broken=broken,
-                    isolation=isolation, ns=ns)
+                    isolation=isolation, ns=ns, takeovers=takeovers)
     finally:
         if ns is not None:
             ns.down()
@@ -843,7 +857,7 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
 
 def _run(scenario: str, implementation: str, *, out: Path, url: str | None, processes: int,
          clients: int, min_ops: int, cap_s: float, broken: str | None, isolation: str,
-         ns: NetNamespace | None) -> dict[str, Any]:
+         ns: NetNamespace | None, takeovers: int | None) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:12]
     pg = None
     if url is None:
@@ -893,7 +907,7 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
     nemesis = Nemesis(scenario, implementation, min_ops=min_ops, cap_s=cap_s, url=url, out=out,
                       pg=pg, control=control, procs=procs, spawn=spawn, processes=processes,
                       run_id=run_id)
-    nemesis.ns = ns
+    nemesis.ns, nemesis.takeovers = ns, takeovers
     nemesis_errors: list[str] = []
     stalled = None
     try:

@@ -145,8 +145,10 @@ def test_default_locations_never_share_a_folder(served):
 def test_names_and_sizes_have_one_limit_checked_before_the_database(served, case):
     """Before: on PostgreSQL a name of a few thousand characters overflowed the index (54000),
     was retried as a lost connection for 30 s, holding every other commit, then answered 504."""
+    from tsoracle.oracle.metrics import RETRIES
+
     base, catalog, _ = served
-    started = time.monotonic()
+    retried = RETRIES.total()  # the catalog runs in this process: its backends count here
     if case == "long-namespace":
         got, answer = call("POST", f"{base}/v1/namespaces", {"namespace": ["n" * 3000]})
         assert "255 bytes" in answer["error"]["message"]
@@ -162,7 +164,7 @@ def test_names_and_sizes_have_one_limit_checked_before_the_database(served, case
     else:
         got, answer = call("GET", f"{base}/v1/namespaces?pageSize=" + "9" * 5000)
     assert (got, _kind(answer)) == (400, "BadRequestException"), answer
-    assert time.monotonic() - started < 10  # at once: the bound is far from the old 30 s
+    assert RETRIES.total() == retried  # refused before the database, never retried
     assert catalog.list_tables("db") == [("db", "victim")]
 
 
@@ -452,9 +454,8 @@ def test_a_refused_statement_is_not_retried_as_a_lost_connection(pg):
         finally:
             await backend.close()
 
-    started = time.monotonic()
     asyncio.run(run())
-    assert retries == [] and time.monotonic() - started < 10
+    assert retries == []  # refused at once, never retried as a lost connection
 
 
 @pytest.mark.parametrize("timeline", ["EpochMilliseconds", "counter:cat"])

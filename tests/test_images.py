@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tarfile
 import time
-import tomllib
 import uuid
 from pathlib import Path
 
@@ -157,16 +156,6 @@ def test_the_operator_reference_is_the_charts_default():
     assert images.OPERATOR_IMAGE == f"{repository}:{app_version}"
     assert images.OPERATOR_IMAGE_NORMALISED == f"docker.io/library/{repository}:{app_version}"
     assert images.PAUSE_IMAGE == "tsoracle.dev/pause:3.10"
-
-
-def test_the_images_carry_the_product_scripts_not_the_dev_tools():
-    # The app layer copies tsoracle/ only: a tsoracle_dev console script there could only fail.
-    text = (ROOT / "pyproject.toml").read_text()
-    ours = tomllib.loads(text)["project"]["scripts"]
-    kept = tomllib.loads(images.product_pyproject(text))["project"]["scripts"]
-    assert any(v.startswith("tsoracle_dev") for v in ours.values())
-    assert kept == {k: v for k, v in ours.items() if not v.startswith("tsoracle_dev")}
-    assert {"tsoracle", "kubectl-tsoracle"} <= kept.keys()
 
 
 @pytest.mark.parametrize("reference, name", [

@@ -454,15 +454,6 @@ def _copy_sources(files: list[Path], dest: Path) -> None:
         target = dest / path.relative_to(CHECKOUT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-        if path.name == "pyproject.toml":
-            target.write_text(product_pyproject(path.read_text()))
-
-
-def product_pyproject(text: str) -> str:
-    """pyproject.toml without the development tools' console scripts: the images carry
-    tsoracle, not tools/ (a `tsoracle-dev-cluster` in an image could only fail)."""
-    return "".join(line for line in text.splitlines(keepends=True)
-                   if not re.match(r'^[\w-]+\s*=\s*"tsoracle_dev[.:]', line))
 
 
 def _chroot(rootfs: Path, *argv: str) -> None:

@@ -1,0 +1,1 @@
+"""The Grafana dashboards and the PrometheusRule alerts, generated from one list of panels."""

@@ -70,11 +70,16 @@ def test_a_lease_on_a_silent_connection_steps_down_and_recovers_within_its_windo
                 await asyncio.wait_for(lease.wait_held(), 30)
                 await asyncio.sleep(LEASE_RENEW_S * 2)  # renewals over a pooled connection
                 assert await asyncio.to_thread(proxy.silence) >= 1
-                silenced = time.time()
+                silenced, silenced_at = time.time(), time.monotonic()
                 # The attempt under way or the next (within renew_every) gets no answer: the
-                # holder stops acting by the end of its last renewal's window...
-                stepped_down = await _until(lambda: not lease.held(), window + SLACK_S)
-                assert stepped_down <= window + 0.5  # held() is judged by the clock alone
+                # holder stops acting by the end of its last renewal's window, which began
+                # before the silence. held() is judged by the clock against that deadline, so
+                # the deadline is what is checked (how soon this poll sees it is the machine's).
+                deadlines: list[float] = []
+                stepped_down = await _until(
+                    lambda: deadlines.append(lease._held_until) or not lease.held(),
+                    window + SLACK_S)
+                assert max(deadlines) <= silenced_at + window, (deadlines, silenced_at)
                 # ...and that attempt ends by its own window, then the next one, on a new
                 # connection (forwarded again), takes the Lease back.
                 back = await _until(lease.held, 2 * LEASE_RENEW_S + window + SLACK_S)

@@ -352,16 +352,23 @@ async def test_no_fallback_is_reported_under_concurrency_and_flips(url):
                 except tsoracle.Fenced:
                     return
 
-    tasks = [asyncio.ensure_future(client(i)) for i in range(16)]
-    tasks.append(asyncio.ensure_future(distributed_reader()))
+    async def answers(n: int) -> None:
+        """Until the clients have seen `n` more answers (or one of them failed)."""
+        target = len(seen) + n
+        while len(seen) < target and not any(t.done() for t in clients):
+            await asyncio.sleep(0.01)
+
+    clients = [asyncio.ensure_future(client(i)) for i in range(16)]
+    tasks = [*clients, asyncio.ensure_future(distributed_reader())]  # the reader ends fenced
+    # Sized by answers, not time: every implementation serves traffic before it is flipped.
     for to in ("legacy", "distributed", "legacy", "distributed"):
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(answers(30), 120)
         await tsoracle.flip(url, to=to)
-    await asyncio.sleep(0.3)
+    await asyncio.wait_for(answers(30), 120)
     stop.set()
     await asyncio.gather(*tasks)
     await follow.close()
-    assert len(seen) > 100
+    assert len(seen) >= 150
     assert FALLBACK.total(timeline=COUNTER) == fallbacks_before
 
 

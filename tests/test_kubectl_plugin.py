@@ -27,15 +27,20 @@ EXAMPLE = ROOT / "examples" / "timestamporacle.yaml"
 def plugin(kube, tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    wrapper = bindir / "kubectl-tsoracle"
-    # The console script pip installs: the same entry point, under this test's interpreter.
-    entry = "import sys; from tsoracle.cli import kubectl_main; sys.exit(kubectl_main())"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{entry}" "$@"\n')
-    wrapper.chmod(0o755)
+    # The console scripts pip installs: the same entry points, under this test's interpreter.
+    for script, entry in (("kubectl-tsoracle", "kubectl_main"),
+                          ("kubectl_complete-tsoracle", "kubectl_complete_main")):
+        code = f"import sys; from tsoracle.cli import {entry}; sys.exit({entry}())"
+        wrapper = bindir / script
+        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{code}" "$@"\n')
+        wrapper.chmod(0o755)
     env = {**kube.env(), "PATH": f"{bindir}:{os.environ['PATH']}"}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(kube.tools / "kubectl"), "tsoracle", *args],
+        # `__complete` first: kubectl's own completion, which runs kubectl_complete-tsoracle.
+        argv = ["__complete", "tsoracle", *args[1:]] if args[:1] == ("__complete",) \
+            else ["tsoracle", *args]
+        return subprocess.run([str(kube.tools / "kubectl"), *argv],
                               capture_output=True, text=True, env=env, timeout=180)
 
     return run
@@ -180,6 +185,20 @@ def test_status_flip_fencing_report(kube, oracle_ns, plugin, tmp_path):
     assert "Traceback" not in missing.stderr
     both = plugin("status", "orders", "-A")
     assert both.returncode == 1 and "-n" in both.stderr
+
+    # kubectl's connection flags, before or after the command; a wrong one is one line.
+    context = kube.kubectl("config", "current-context").stdout.strip()
+    chosen = plugin("--context", context, "status", "orders", "-n", ns, "-o", "json")
+    assert json.loads(chosen.stdout)["name"] == "orders", chosen.stderr
+    wrong = plugin("status", "-n", ns, "--context", "nope")
+    assert wrong.returncode == 1 and "no context 'nope' in the kubeconfig" in wrong.stderr
+    assert wrong.stderr.count("\n") == 1
+
+    # Shell completion through kubectl itself: resource names from the API server.
+    names = plugin("__complete", "flip", "-n", ns, "or")
+    assert names.stdout.splitlines() == ["orders", ":4"], names.stdout + names.stderr
+    assert plugin("__complete", "fencing", "orders", "-n", ns, "R").stdout.splitlines() == \
+        ["Rollout", ":4"]
 
 
 # --- the pure parts ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import sys
 from types import SimpleNamespace
 
@@ -184,3 +185,160 @@ def test_a_kubeconfig_that_is_not_one_is_one_line_quoting_none_of_it(tmp_path, t
         Api(str(path), None)
     assert str(err.value).startswith("no usable kubeconfig: ") and said in str(err.value)
     assert "s3cr3t" not in str(err.value)
+
+
+# --- kubectl's connection flags, failures as one line, completion ---------------------------
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+current-context: a
+clusters:
+- {name: c1, cluster: {server: "https://127.0.0.1:1"}}
+- {name: c2, cluster: {server: "https://127.0.0.1:2"}}
+users:
+- {name: u1, user: {token: tok-one}}
+- {name: u2, user: {token: tok-two}}
+contexts:
+- {name: a, context: {cluster: c1, user: u1, namespace: from-a}}
+- {name: b, context: {cluster: c2, user: u2}}
+"""
+
+
+@pytest.fixture
+def two_contexts(tmp_path):
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    return str(path)
+
+
+@pytest.mark.parametrize(("flags", "server", "token", "namespace"), [
+    ([], "https://127.0.0.1:1", "tok-one", "from-a"),
+    (["--context", "b"], "https://127.0.0.1:2", "tok-two", "default"),
+    (["--cluster", "c2"], "https://127.0.0.1:2", "tok-one", "from-a"),
+    (["--user", "u2", "-n", "mine"], "https://127.0.0.1:1", "tok-two", "mine"),
+    (["--context", "b", "--user", "u1", "--namespace", "x"], "https://127.0.0.1:2", "tok-one",
+     "x"),
+])
+def test_connection_flags_choose_as_kubectl_does(two_contexts, flags, server, token,
+                                                 namespace):
+    from tsoracle.kubectl.connection import connection_of
+
+    # Before the command or after it, as kubectl users write them.
+    for argv in (["--kubeconfig", two_contexts, *flags, "status"],
+                 ["status", "--kubeconfig", two_contexts, *flags]):
+        api = Api(None, None, connection=connection_of(build_parser().parse_args(argv)))
+        assert api.client.configuration.host == server
+        assert api.client.configuration.api_key == {"BearerToken": f"Bearer {token}"}
+        assert api.namespace == namespace
+
+
+def test_a_flag_after_the_command_never_undoes_one_before_it(two_contexts):
+    from tsoracle.kubectl.connection import connection_of
+
+    args = build_parser().parse_args(["-n", "first", "--context", "b", "--kubeconfig",
+                                      two_contexts, "status", "-o", "json"])
+    assert connection_of(args).namespace == "first" and connection_of(args).context == "b"
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--context", "nope"], "no context 'nope' in the kubeconfig (its contexts: a, b)"),
+    (["--cluster", "nope"], "no cluster 'nope' in the kubeconfig (its clusters: c1, c2)"),
+    (["--user", "nope"], "no user 'nope' in the kubeconfig (its users: u1, u2)"),
+])
+def test_an_unknown_context_cluster_or_user_names_the_ones_there(two_contexts, flags, said):
+    from tsoracle.kubectl.connection import connection_of
+
+    args = build_parser().parse_args(["--kubeconfig", two_contexts, *flags, "status"])
+    with pytest.raises(PluginError, match=re.escape(said)):
+        Api(None, None, connection=connection_of(args))
+
+
+def test_an_unreachable_api_server_is_one_line(two_contexts, capsys):
+    """It was urllib3's MaxRetryError with a traceback. Nothing listens on port 1 here: the
+    failure is the real one, no API server needed to show it."""
+    from tsoracle.kubectl import main
+
+    assert main(["status", "--kubeconfig", two_contexts]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "cannot reach the Kubernetes API server (connection refused)" in err
+    assert "tok-one" not in err
+
+
+def test_a_refusal_that_is_not_json_and_a_secret_that_is_not_base64_are_read_as_they_are():
+    from tsoracle.kubectl.api import refusal
+    from tsoracle.kubectl.report import _decoded
+
+    html = ApiException(status=502, reason="Bad Gateway")
+    html.body = "<html><body>upstream down</body></html>"
+    assert refusal(html) == "Bad Gateway"
+    status = ApiException(status=422, reason="Unprocessable Entity")
+    status.body = json.dumps({"kind": "Status", "message": "spec.fencing: Unsupported value"})
+    assert refusal(status) == "spec.fencing: Unsupported value"
+    assert _decoded(base64.b64encode(b"postgresql://u:pw@h/db").decode()) == \
+        "postgresql://u:pw@h/db"
+    assert _decoded("not base64: a proxy's doing") == "not base64: a proxy's doing"
+
+
+def test_a_failed_events_list_leaves_a_note_in_the_report(tmp_path, capsys):
+    from tsoracle.kubectl.report import report
+
+    def refused(*_: object, **__: object) -> None:
+        raise ApiException(status=403, reason="Forbidden")
+
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="db"),
+                             data={"url": base64.b64encode(b"postgresql://x").decode()})
+    core = SimpleNamespace(read_namespaced_secret=lambda name, ns: secret,
+                           list_namespaced_event=refused, list_pod_for_all_namespaces=refused)
+    api = SimpleNamespace(namespace="shop", core=core, get=lambda name: ORDERS,
+                          plain=client.ApiClient().sanitize_for_serialization)
+    out = tmp_path / "r.zip"
+    assert report(api, "orders", str(out), [], "text") == 0
+    import zipfile
+
+    with zipfile.ZipFile(out) as z:
+        assert z.read("events.txt").decode() == "Events could not be listed (403 Forbidden)\n"
+
+
+def _offered(args: list[str]) -> tuple[list[str], int]:
+    from tsoracle.kubectl.complete import candidates
+
+    def names(flags: dict[str, str]) -> list[str]:
+        return {"etl": ["orders", "other"]}.get(flags.get("-n") or flags.get("--namespace")
+                                                 or "etl", [])
+
+    def kubeconfig(flags: dict[str, str], kind: str) -> list[str]:
+        return {"contexts": ["dev", "prod"], "clusters": ["c1"], "users": ["u1"]}[kind]
+
+    return candidates(build_parser(), args, names=names, kubeconfig=kubeconfig)
+
+
+@pytest.mark.parametrize(("args", "offered", "directive"), [
+    ([""], ["status", "flip", "fencing", "report"], 4),
+    (["fl"], ["flip"], 4),
+    (["status", ""], ["orders", "other"], 4),
+    (["status", "o"], ["orders", "other"], 4),
+    (["-n", "etl", "flip", "ot"], ["other"], 4),
+    (["status", "-n", "empty", ""], [], 4),
+    (["flip", "orders", "--to", ""], list(IMPLEMENTATIONS), 4),
+    (["fencing", "orders", ""], [*MODES, "on", "off"], 4),
+    (["fencing", "off", ""], ["orders", "other"], 4),
+    (["status", "-o", "y"], ["yaml"], 4),
+    (["--context", ""], ["dev", "prod"], 4),
+    (["status", "--cluster", ""], ["c1"], 4),
+    (["flip", "--t"], ["--timeout", "--to"], 4),
+    (["report", "orders", "-f", ""], [], 0),  # a file: the shell completes it
+    (["status", "orders", ""], [], 4),  # status takes one name
+])
+def test_completion_offers_commands_flags_values_and_names(args, offered, directive):
+    assert _offered(args) == (offered, directive)
+
+
+def test_completion_prints_cobras_format_and_never_a_traceback(two_contexts, capsys):
+    from tsoracle.kubectl import main
+
+    # Names need the API server, which is not there: nothing offered, no error shown.
+    assert main(["__complete", "--kubeconfig", two_contexts, "status", ""]) == 0
+    assert capsys.readouterr() == (":4\n", "")
+    assert main(["__complete", "--kubeconfig", two_contexts, "--context", ""]) == 0
+    assert capsys.readouterr().out == "a\nb\n:4\n"

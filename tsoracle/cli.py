@@ -504,7 +504,7 @@ async def _serving(serving: Coroutine[Any, Any, None]) -> int:
     return 0
 
 
-def kubectl_main() -> int:
+def kubectl_main(argv: list[str] | None = None) -> int:
     """Entry point of `kubectl-tsoracle`: the plugin needs the operator extra."""
     try:
         with needs_extra("operator", "`kubectl tsoracle`"):
@@ -512,7 +512,15 @@ def kubectl_main() -> int:
     except errors.MissingExtra as exc:
         print(f"kubectl-tsoracle: error: {exc}", file=sys.stderr)
         return 1
-    return plugin_main()
+    return plugin_main(argv)
+
+
+def kubectl_complete_main() -> int:
+    """Entry point of `kubectl_complete-tsoracle`, which kubectl runs to complete the plugin's
+    arguments (tsoracle/kubectl/complete.py)."""
+    from tsoracle.kubectl.complete import COMMAND
+
+    return kubectl_main([COMMAND, *sys.argv[1:]])
 
 
 if __name__ == "__main__":

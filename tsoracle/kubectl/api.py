@@ -4,12 +4,22 @@ API server's refusals as one-line errors."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.kube_config import (
+    ENV_KUBECONFIG_PATH_SEPARATOR,
+    KUBE_CONFIG_DEFAULT_LOCATION,
+    KubeConfigLoader,
+    KubeConfigMerger,
+)
 
+from tsoracle.kubectl.connection import Connection
 from tsoracle.resource import GROUP, KUBECONFIG_FILE_ERRORS, PLURAL, VERSION, kubeconfig_problem
+
+OVERRIDE_CONTEXT = "kubectl-tsoracle-flags"  # the context --cluster/--user make, in memory
 
 
 class PluginError(Exception):
@@ -19,19 +29,10 @@ class PluginError(Exception):
 class Api:
     """The kubeconfig's client and the namespace the command works in."""
 
-    def __init__(self, kubeconfig: str | None, namespace: str | None) -> None:
-        unusable: tuple[type[Exception], ...] = (config.ConfigException, *KUBECONFIG_FILE_ERRORS)
-        try:
-            if kubeconfig:
-                self.client = config.new_client_from_config(kubeconfig)
-                _, ctx = config.list_kube_config_contexts(kubeconfig)
-            else:
-                config.load_kube_config()
-                self.client = client.ApiClient()
-                _, ctx = config.list_kube_config_contexts()
-        except unusable as exc:
-            raise PluginError(f"no usable kubeconfig: {kubeconfig_problem(exc)}") from None
-        self.namespace = namespace or ctx.get("context", {}).get("namespace") or "default"
+    def __init__(self, kubeconfig: str | None, namespace: str | None, *,
+                 connection: Connection | None = None) -> None:
+        conn = connection or Connection(kubeconfig=kubeconfig, namespace=namespace)
+        self.client, self.namespace = load(conn)
         self.custom = client.CustomObjectsApi(self.client)
         self.core = client.CoreV1Api(self.client)
 
@@ -65,13 +66,23 @@ class Api:
             self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
                                                        name, {"spec": spec})
         except ApiException as exc:
-            body = json.loads(exc.body or "{}") if exc.body else {}
             raise PluginError(f"the API server refused the change: "
-                              f"{body.get('message', exc.reason)}") from None
+                              f"{refusal(exc)}") from None
 
     def plain(self, obj: Any) -> Any:
         """A client model (Secret, Event) as the plain dict the API server sent."""
         return self.client.sanitize_for_serialization(obj)
+
+
+def refusal(exc: ApiException) -> str:
+    """The API server's own message (a Status body), else its reason: a proxy in between may
+    answer with HTML or plain text."""
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except ValueError:
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or exc.reason or exc.status)
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -80,3 +91,76 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
         if c.get("type") == kind:
             return c
     return {}
+
+
+def _entries(kcfg: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """A kubeconfig list (`contexts`, `clusters`, `users`) as plain dicts: the merger wraps
+    each file's entries to remember the file (for relative certificate paths)."""
+    return [getattr(e, "value", e) for e in kcfg.get(kind) or []]
+
+
+def _named(items: list[dict[str, Any]], name: str) -> bool:
+    return any(item.get("name") == name for item in items)
+
+
+def _names(items: list[dict[str, Any]]) -> str:
+    return ", ".join(str(item.get("name")) for item in items) or "none"
+
+
+def _merged(conn: Connection) -> Any:
+    """The kubeconfig files merged as kubectl merges them (the first file's entry wins)."""
+    paths = conn.kubeconfig or os.environ.get("KUBECONFIG") or KUBE_CONFIG_DEFAULT_LOCATION
+    unusable: tuple[type[Exception], ...] = (config.ConfigException, *KUBECONFIG_FILE_ERRORS)
+    try:
+        merged = KubeConfigMerger(paths).config
+    except unusable as exc:
+        raise PluginError(f"no usable kubeconfig: {kubeconfig_problem(exc)}") from None
+    if merged is None:
+        shown = paths.split(ENV_KUBECONFIG_PATH_SEPARATOR)
+        raise PluginError(f"no kubeconfig found at {', '.join(shown)}: give --kubeconfig or "
+                          "set KUBECONFIG")
+    if not isinstance(merged.value, dict):
+        raise PluginError("no usable kubeconfig: it is not a kubeconfig (no clusters, users "
+                          "and contexts in it)")
+    return merged
+
+
+def kubeconfig_entries(conn: Connection, kind: str) -> list[str]:
+    """The names of the kubeconfig's `contexts`, `clusters` or `users`."""
+    return [str(e.get("name")) for e in _entries(_merged(conn).value, kind)]
+
+
+def load(conn: Connection) -> tuple[client.ApiClient, str]:
+    """The API client and the namespace the flags choose, as kubectl would choose them."""
+    merged = _merged(conn)
+    kcfg = merged.value
+    contexts = _entries(kcfg, "contexts")
+    name = conn.context or kcfg.get("current-context")
+    if not name:
+        raise PluginError("the kubeconfig has no current context: give --context "
+                          f"(its contexts: {_names(contexts)})")
+    if not _named(contexts, name):
+        raise PluginError(f"no context {name!r} in the kubeconfig (its contexts: "
+                          f"{_names(contexts)})")
+    chosen = next(c for c in contexts if c.get("name") == name)
+    context = dict(chosen.get("context") or {})
+    for kind, wanted in (("cluster", conn.cluster), ("user", conn.user)):
+        if wanted is None:
+            continue
+        entries = _entries(kcfg, f"{kind}s")
+        if not _named(entries, wanted):
+            raise PluginError(f"no {kind} {wanted!r} in the kubeconfig (its {kind}s: "
+                              f"{_names(entries)})")
+        context[kind] = wanted
+    if conn.cluster or conn.user:
+        # Only in memory: the kubeconfig file is never written.
+        kcfg["contexts"].append({"name": OVERRIDE_CONTEXT, "context": context})
+        name = OVERRIDE_CONTEXT
+    configuration = type.__call__(client.Configuration)
+    try:
+        KubeConfigLoader(config_dict=merged, active_context=name).load_and_set(configuration)
+    except Exception as exc:  # noqa: BLE001 - its messages may quote tokens: named, not shown
+        raise PluginError(f"the kubeconfig's context {name!r} is not usable "
+                          f"({type(exc).__name__}): check its cluster and user") from None
+    namespace = conn.namespace or str(context.get("namespace") or "default")
+    return client.ApiClient(configuration), namespace

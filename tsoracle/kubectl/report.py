@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import binascii
 import io
 import zipfile
 from typing import Any
@@ -44,9 +45,12 @@ def report(api: Api, name: str, file: str | None, operator_logs: list[str],
     resource["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
     files = {f"timestamporacle.{manifest}": render(resource, manifest)}
     values, keys = _secret(api, obj, manifest, files)
-    events = api.core.list_namespaced_event(
-        api.namespace, field_selector=f"involvedObject.name={name}")
-    files[f"events.{manifest}"] = render([_event(api.plain(e)) for e in events.items], manifest)
+    try:
+        events = api.core.list_namespaced_event(
+            api.namespace, field_selector=f"involvedObject.name={name}").items
+        files[f"events.{manifest}"] = render([_event(api.plain(e)) for e in events], manifest)
+    except ApiException as exc:  # may not list Events: the rest of the report still helps
+        files["events.txt"] = f"Events could not be listed ({exc.status} {exc.reason})\n"
     files.update(_pod_logs(api))
     files.update(_local_logs(operator_logs))
     if not any(k.startswith("operator-") for k in files):
@@ -71,7 +75,16 @@ def _secret(api: Api, obj: dict[str, Any], manifest: str,
         return [], []
     data = secret.get("data") or {}
     files[f"secret.{manifest}"] = render(redacted_secret(secret), manifest)
-    return [base64.b64decode(v).decode(errors="replace") for v in data.values()], sorted(data)
+    return [_decoded(v) for v in data.values()], sorted(data)
+
+
+def _decoded(value: str) -> str:
+    """A Secret's value as the pods see it; one that is not base64 (the API server checks,
+    a proxy or an old cluster may not) is redacted as it stands."""
+    try:
+        return base64.b64decode(value, validate=True).decode(errors="replace")
+    except (binascii.Error, ValueError):
+        return value
 
 
 def _pod_logs(api: Api) -> dict[str, str]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import inspect
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from tsoracle import errors, eventloop
@@ -83,21 +85,10 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tsoracle", description="Linearizable timestamp oracle.",
-                                formatter_class=HelpFormatter)
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+# --- the commands: each one's flags and what it runs, in one table (COMMANDS) ------------
 
-    def cmd(name: str, help_text: str, *, url: bool = True) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=help_text, description=help_text,
-                           formatter_class=HelpFormatter)
-        if url:
-            c.add_argument("--url", metavar="URL", help=URL_HELP)
-            add_output_flag(c, json_alias=True)
-        return c
 
-    c = cmd("init", "create the schema, tables and timelines that are missing")
+def _init_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--timeline", action="append", dest="timelines", metavar="NAME",
                    help=f"timeline to create (repeatable; default: {EPOCH_MILLISECONDS})")
     c.add_argument("--implementation", choices=IMPLEMENTATIONS, default="distributed",
@@ -108,9 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--initial-ts", type=int, default=0, metavar="T",
                    help="start of new timelines")
 
-    cmd("status", "show the deployment and every timeline")
 
-    c = cmd("ts", "run one oracle operation and print the timestamp")
+async def _init(args: argparse.Namespace) -> int:
+    done = await init(args.url, timelines=args.timelines or [EPOCH_MILLISECONDS],
+                      initial_ts=args.initial_ts, implementation=args.implementation,
+                      fencing=args.fencing)
+    emit({"deployment": done.deployment, "created": done.created}, args.output, _init_text)
+    _warn_mode(args.fencing)
+    return 0
+
+
+async def _status(args: argparse.Namespace) -> int:
+    st = (await read_status(args.url)).as_dict()
+    where = parse_url(args.url)
+    st["backend"] = {"url": where.safe, "schema": where.schema}  # password masked
+    emit(st, args.output, _status_text)
+    return 0
+
+
+def _ts_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("op", choices=list(BY_COMMAND),
                    help="; ".join(f"{o.command}: {o.help}" for o in BY_COMMAND.values()))
     c.add_argument("ts", nargs="?", type=int, help="the timestamp, for `apply`")
@@ -126,12 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how far ahead of this machine's clock an EpochMilliseconds write "
                         "timestamp may be")
 
-    c = cmd("flip", "make another implementation active (epoch bump + bootstrap)")
+
+def _flip_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--to", required=True, choices=IMPLEMENTATIONS,
                    help="the implementation to make active")
 
-    c = cmd("advance", "move a timeline forward after its database was restored (forward "
-            "only; docs/runbooks/timestamp-fallback.md)")
+
+async def _flip(args: argparse.Namespace) -> int:
+    emit(await flip(args.url, to=args.to), args.output, _flip_text)
+    return 0
+
+
+def _advance_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--timeline", required=True, metavar="NAME", help="the timeline")
     c.add_argument("--to", required=True, metavar="T",
                    help="the next write timestamp will be above T and read_ts at least T: the "
@@ -142,15 +155,45 @@ def build_parser() -> argparse.ArgumentParser:
                         f"timestamps, or {EPOCH_MILLISECONDS} to go more than {MAX_AHEAD_MS} ms "
                         "ahead of this machine's clock (writers refuse to follow beyond it)")
 
-    c = cmd("fencing", "set the fencing mode of the deployment")
+
+async def _advance(args: argparse.Namespace) -> int:
+    moved = await advance(args.url, timeline=args.timeline, to=_timestamp("--to", args.to),
+                          force=args.force)
+    emit(moved, args.output, _advance_text)
+    return 0
+
+
+def _fencing_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("mode", type=_mode, metavar="MODE",
                    help=f"the new mode: {', '.join(MODES)}, in any case "
                         f"({', '.join(f'{a} = {m}' for a, m in MODE_ALIASES.items())})")
 
-    cmd("finish-rollout", "end the rollout window (Rollout fencing mode)")
 
-    c = cmd("demo", "the main job: Spark writers and readers on Iceberg tables through tsoracle's "
-            "catalog, on the embedded default, with a flip mid-run", url=False)
+async def _fencing(args: argparse.Namespace) -> int:
+    dep = await set_fencing(args.url, args.mode)
+    emit({"deployment": dep}, args.output,
+         lambda d: f"fencing is now {d['deployment']['fence']} "
+                   f"(epoch {d['deployment']['epoch']})")
+    _warn_mode(args.mode)
+    return 0
+
+
+async def _finish_rollout(args: argparse.Namespace) -> int:
+    before = (await read_status(args.url)).deployment
+    if not before.rollout:
+        emit({"deployment": before, "finished": False}, args.output,
+             lambda d: f"no rollout window is open (fencing {d['deployment']['fence']}, "
+                       f"epoch {d['deployment']['epoch']}): nothing changed")
+        return 0
+    dep = await finish_rollout(args.url)
+    emit({"deployment": dep, "finished": True}, args.output,
+         lambda d: f"rollout finished: {d['deployment']['implementation']} at epoch "
+                   f"{d['deployment']['epoch']}; only the inactive implementation stays "
+                   "fenced")
+    return 0
+
+
+def _demo_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--writers", type=int, default=3, help="writer threads")
     c.add_argument("--batches", type=int, default=4,
                    help="batches per writer (each appended to orders, then to shipments)")
@@ -158,7 +201,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--data-dir", help="keep the oracle and the warehouse here (default: a "
                    "temporary directory)")
 
-    c = cmd("catalog", "an Iceberg REST catalog whose commits the oracle orders", url=False)
+
+def _demo(args: argparse.Namespace) -> int:
+    # The demo imports Spark, then the catalog's pyiceberg, lazily.
+    with needs_extra("spark", "`tsoracle demo`"), needs_extra("iceberg", "`tsoracle demo`"):
+        from tsoracle.spark.demo import run_demo
+
+        return run_demo(writers=args.writers, batches=args.batches, rows=args.rows,
+                        data_dir=args.data_dir)
+
+
+def _catalog_flags(c: argparse.ArgumentParser) -> None:
     actions = c.add_subparsers(dest="catalog_command", required=True, metavar="ACTION")
     c = actions.add_parser("serve", help="serve the catalog until interrupted",
                            description="Serve an Iceberg REST catalog on the oracle's database "
@@ -189,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "snapshots a read at a timestamp handed out within this many seconds "
                         "needs")
 
-    c = cmd("operator", "run the Kubernetes operator for TimestampOracle resources", url=False)
+
+def _operator_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--namespace", action="append", dest="namespaces", default=[],
                    help="watch only this namespace (repeatable; default: all namespaces)")
     c.add_argument("--liveness-port", type=int, default=8080, help="port of /healthz")
@@ -200,8 +254,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "operator acts (default: $POD_NAMESPACE; none: run alone)")
     c.add_argument("--lease-name", default="tsoracle-operator", help="name of that Lease")
 
-    c = cmd("bench", "closed-loop benchmark with physical-limit probes (in its own schema "
-            "tsoracle_bench)")
+
+def _operator(args: argparse.Namespace) -> int:
+    with needs_extra("operator", "`tsoracle operator`"):
+        from tsoracle.operator.main import run_operator
+
+    run_operator(namespaces=args.namespaces, liveness_port=args.liveness_port,
+                 metrics_port=args.metrics_port, bind=args.bind,
+                 lease_namespace=args.lease_namespace, lease_name=args.lease_name)
+    return 0
+
+
+def _bench_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--mode", type=_csv(str), default=["read"], metavar="LIST",
                    help="read, write, mixed (comma-separated)")
     c.add_argument("--concurrency", type=_csv(int), default=[1, 8, 64, 512], metavar="LIST",
@@ -219,63 +283,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backend-latency-ms", type=float, default=0.0, metavar="MS",
                    help="add this much to every round trip to PostgreSQL, through a relay the "
                         "bench starts and stops (a distant backend on this machine)")
-    return p
+
+
+def _no_flags(c: argparse.ArgumentParser) -> None:
+    """A command with no flags of its own (`--url` and `-o` come with every backend command)."""
 
 
 def _warn_mode(mode: str | None) -> None:
     """What a fencing mode gives up, on stderr, wherever a command sets it."""
     if mode in MODE_WARNINGS:
         print(f"tsoracle: {MODE_WARNINGS[mode]}", file=sys.stderr)
-
-
-async def _run(args: argparse.Namespace) -> int:
-    out = args.output
-    if args.command == "init":
-        done = await init(args.url, timelines=args.timelines or [EPOCH_MILLISECONDS],
-                          initial_ts=args.initial_ts, implementation=args.implementation,
-                          fencing=args.fencing)
-        emit({"deployment": done.deployment, "created": done.created}, out, _init_text)
-        _warn_mode(args.fencing)
-        return 0
-    if args.command == "status":
-        st = (await read_status(args.url)).as_dict()
-        where = parse_url(args.url)
-        st["backend"] = {"url": where.safe, "schema": where.schema}  # password masked
-        emit(st, out, _status_text)
-        return 0
-    if args.command == "ts":
-        return await _ts(args)
-    if args.command == "flip":
-        emit(await flip(args.url, to=args.to), out, _flip_text)
-        return 0
-    if args.command == "advance":
-        moved = await advance(args.url, timeline=args.timeline, to=_timestamp("--to", args.to),
-                              force=args.force)
-        emit(moved, out, _advance_text)
-        return 0
-    if args.command == "fencing":
-        dep = await set_fencing(args.url, args.mode)
-        emit({"deployment": dep}, out,
-             lambda d: f"fencing is now {d['deployment']['fence']} "
-                       f"(epoch {d['deployment']['epoch']})")
-        _warn_mode(args.mode)
-        return 0
-    if args.command == "finish-rollout":
-        before = (await read_status(args.url)).deployment
-        if not before.rollout:
-            emit({"deployment": before, "finished": False}, out,
-                 lambda d: f"no rollout window is open (fencing {d['deployment']['fence']}, "
-                           f"epoch {d['deployment']['epoch']}): nothing changed")
-            return 0
-        dep = await finish_rollout(args.url)
-        emit({"deployment": dep, "finished": True}, out,
-             lambda d: f"rollout finished: {d['deployment']['implementation']} at epoch "
-                       f"{d['deployment']['epoch']}; only the inactive implementation stays "
-                       "fenced")
-        return 0
-    if args.command == "bench":
-        return await _bench(args)
-    raise AssertionError(args.command)
 
 
 def _init_text(d: dict[str, Any]) -> str:
@@ -432,50 +449,6 @@ async def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def run(coro: Coroutine[Any, Any, int]) -> int:
-    try:
-        return eventloop.run(coro)
-    except errors.OracleError as exc:
-        print(f"tsoracle: error: {exc.for_cli()}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:  # told by the command's own parser, with its usage, not the top-level one
-        commands = next(a for a in parser._actions
-                        if isinstance(a, argparse._SubParsersAction))
-        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
-    if "url" in args:
-        args.url = args.url or os.environ.get("TSORACLE_URL") or DEFAULT_URL
-    try:
-        if args.command == "demo":
-            # The demo imports Spark, then the catalog's pyiceberg, lazily.
-            with needs_extra("spark", "`tsoracle demo`"), \
-                    needs_extra("iceberg", "`tsoracle demo`"):
-                from tsoracle.spark.demo import run_demo
-
-                return run_demo(writers=args.writers, batches=args.batches, rows=args.rows,
-                                data_dir=args.data_dir)
-        if args.command == "catalog":
-            return _catalog(args)
-        if args.command == "operator":
-            with needs_extra("operator", "`tsoracle operator`"):
-                from tsoracle.operator.main import run_operator
-
-            run_operator(namespaces=args.namespaces, liveness_port=args.liveness_port,
-                         metrics_port=args.metrics_port, bind=args.bind,
-                         lease_namespace=args.lease_namespace, lease_name=args.lease_name)
-            return 0
-    except errors.OracleError as exc:
-        print(f"tsoracle: error: {exc.for_cli()}", file=sys.stderr)
-        return 1
-    return run(_run(args))
-
-
 def _catalog(args: argparse.Namespace) -> int:
     with needs_extra("iceberg", "`tsoracle catalog serve`"):
         from tsoracle.catalog.serve import (
@@ -502,6 +475,83 @@ def _catalog(args: argparse.Namespace) -> int:
 async def _serving(serving: Coroutine[Any, Any, None]) -> int:
     await serving
     return 0
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    flags: Callable[[argparse.ArgumentParser], None]
+    # Runs the command: an async one on tsoracle's event loop (`run`), a sync one as it is.
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, int]] \
+        | Callable[[argparse.Namespace], int]
+    backend: bool = True  # takes --url and -o
+
+
+COMMANDS: dict[str, Command] = {
+    "init": Command("create the schema, tables and timelines that are missing", _init_flags,
+                    _init),
+    "status": Command("show the deployment and every timeline", _no_flags, _status),
+    "ts": Command("run one oracle operation and print the timestamp", _ts_flags, _ts),
+    "flip": Command("make another implementation active (epoch bump + bootstrap)",
+                    _flip_flags, _flip),
+    "advance": Command("move a timeline forward after its database was restored (forward "
+                       "only; docs/runbooks/timestamp-fallback.md)", _advance_flags, _advance),
+    "fencing": Command("set the fencing mode of the deployment", _fencing_flags, _fencing),
+    "finish-rollout": Command("end the rollout window (Rollout fencing mode)", _no_flags,
+                              _finish_rollout),
+    "demo": Command("the main job: Spark writers and readers on Iceberg tables through "
+                    "tsoracle's catalog, on the embedded default, with a flip mid-run",
+                    _demo_flags, _demo, backend=False),
+    "catalog": Command("an Iceberg REST catalog whose commits the oracle orders",
+                       _catalog_flags, _catalog, backend=False),
+    "operator": Command("run the Kubernetes operator for TimestampOracle resources",
+                        _operator_flags, _operator, backend=False),
+    "bench": Command("closed-loop benchmark with physical-limit probes (in its own schema "
+                     "tsoracle_bench)", _bench_flags, _bench),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tsoracle", description="Linearizable timestamp oracle.",
+                                formatter_class=HelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        c = sub.add_parser(name, help=command.help, description=command.help,
+                           formatter_class=HelpFormatter)
+        if command.backend:
+            c.add_argument("--url", metavar="URL", help=URL_HELP)
+            add_output_flag(c, json_alias=True)
+        command.flags(c)
+        c.set_defaults(run=command.run)
+    return p
+
+
+def run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        return eventloop.run(coro)
+    except errors.OracleError as exc:
+        print(f"tsoracle: error: {exc.for_cli()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # told by the command's own parser, with its usage, not the top-level one
+        commands = next(a for a in parser._actions
+                        if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    if "url" in args:
+        args.url = args.url or os.environ.get("TSORACLE_URL") or DEFAULT_URL
+    try:
+        done = args.run(args)
+    except errors.OracleError as exc:
+        print(f"tsoracle: error: {exc.for_cli()}", file=sys.stderr)
+        return 1
+    return run(done) if inspect.iscoroutine(done) else int(done)
 
 
 def kubectl_main(argv: list[str] | None = None) -> int:

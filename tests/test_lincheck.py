@@ -116,7 +116,7 @@ TAKEOVERS = 12
 @pytest.mark.pg
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_broken_oracles_are_caught_live(variant, tmp_path):
+def test_broken_oracles_are_caught_live(variant, tmp_path, pg):
     impl, scenario = {"read-past-unapplied": ("distributed", "none"),
                       "resume-at-the-clock": ("legacy", "clock-jump-forward")
                       }.get(variant, ("legacy", "takeovers"))
@@ -128,7 +128,7 @@ def test_broken_oracles_are_caught_live(variant, tmp_path):
         # a violation (test_scenario_is_linearizable runs this scenario on both).
         out = tmp_path / "run"
         summary = runner.run(scenario, impl, out=out, broken=variant, clients=2,
-                             min_ops=runner.TAKEOVER_SPACING, takeovers=TAKEOVERS)
+                             min_ops=runner.TAKEOVER_SPACING, takeovers=TAKEOVERS, server=pg)
         assert sum(f["fault"] == "took over" for f in summary["faults"]) == TAKEOVERS, summary
     else:
         # One fault each (a read beside an unapplied write; a take-over after a clock jump):
@@ -136,7 +136,7 @@ def test_broken_oracles_are_caught_live(variant, tmp_path):
         for attempt in range(RUNS_TO_CATCH):
             out = tmp_path / f"run-{attempt}"
             summary = runner.run(scenario, impl, out=out, broken=variant, clients=2,
-                                 min_ops=1500)
+                                 min_ops=1500, server=pg)
             if summary["porcupine"] == "violation":
                 break
     assert summary["porcupine"] == "violation", summary
@@ -149,9 +149,10 @@ def test_broken_oracles_are_caught_live(variant, tmp_path):
     # The partition nemesis picks a free subnet by looking: two at once could pick the same.
     pytest.param(*combo, marks=pytest.mark.xdist_group("netns")) if combo[0] == "partition"
     else combo for combo in runner.combos()])
-def test_scenario_is_linearizable(scenario, implementation, isolation, tmp_path):
+def test_scenario_is_linearizable(scenario, implementation, isolation, tmp_path, pg):
+    # The worker's PostgreSQL, a schema per run (runner.OWN_SERVER scenarios start their own).
     summary = runner.run(scenario, implementation, out=tmp_path, min_ops=MIN_OPS,
-                         isolation=isolation, cap_s=CAP_S)
+                         isolation=isolation, cap_s=CAP_S, server=pg)
     runner.print_summary(summary)
     assert summary["stalled"] is None, summary
     assert summary["nemesis_errors"] == [], summary

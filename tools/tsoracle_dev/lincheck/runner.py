@@ -89,6 +89,8 @@ PARTITION_BOUND_S = PARTITION_BUDGET_S + 2 * PARTITION_NETWORK_S + 1.0
 FAULT_RATES = (0.05, 0.30)
 ISOLATIONS = ("read committed", "serializable")
 LEGACY_ONLY = ("takeovers",)  # leader changes mean nothing to the distributed implementation
+# Scenarios that crash, reconfigure or re-address their PostgreSQL: always a server of their own.
+OWN_SERVER = ("postgres", "async-commit-crash", "serialization-faults", "partition")
 TIMELINES = (EPOCH_MILLISECONDS, "counter:lin", "counter:lin2")
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
 DEFAULT_CAP_S = 600.0  # a scenario that has not finished by then hangs
@@ -821,8 +823,12 @@ class Nemesis:
 def run(scenario: str, implementation: str, *, out: Path, url: str | None = None,
         processes: int = 4, clients: int = 4, min_ops: int = 3000,
         cap_s: float = DEFAULT_CAP_S, broken: str | None = None,
-        isolation: str = "read committed", takeovers: int | None = None) -> dict[str, Any]:
+        isolation: str = "read committed", takeovers: int | None = None,
+        server: LocalPostgres | None = None) -> dict[str, Any]:
     """One scenario until `min_ops` operations completed; `out` must be a new, empty folder.
+
+    `server`: a running PostgreSQL to share (a schema of the run's own in it, on its
+    SERIALIZABLE database for that isolation); the OWN_SERVER scenarios start their own anyway.
 
     `takeovers` (the `takeovers` scenario only) sizes the run by take-overs instead: that many,
     each once the leader before it has served TAKEOVER_SPACING operations.
@@ -831,6 +837,8 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
     SERIALIZABLE (CockroachDB's only level); it needs the runner's own server (no `url`)."""
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+    if url is not None and server is not None:
+        raise ValueError("give url or server, not both")
     if url is not None and isolation != "read committed":
         raise ValueError("a serializable run starts its own server: leave out url")
     if takeovers is not None and scenario != "takeovers":
@@ -849,7 +857,8 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
     try:
         return _run(scenario, implementation, out=out, url=url, processes=processes,
                     clients=clients, min_ops=min_ops, cap_s=cap_s, broken=broken,
-                    isolation=isolation, ns=ns, takeovers=takeovers)
+                    isolation=isolation, ns=ns, takeovers=takeovers,
+                    server=None if scenario in OWN_SERVER else server)
     finally:
         if ns is not None:
             ns.down()
@@ -857,10 +866,13 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
 
 def _run(scenario: str, implementation: str, *, out: Path, url: str | None, processes: int,
          clients: int, min_ops: int, cap_s: float, broken: str | None, isolation: str,
-         ns: NetNamespace | None, takeovers: int | None) -> dict[str, Any]:
+         ns: NetNamespace | None, takeovers: int | None,
+         server: LocalPostgres | None) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:12]
     pg = None
-    if url is None:
+    if server is not None:
+        url = server.serializable_url() if isolation == "serializable" else server.url()
+    elif url is None:
         pg = LocalPostgres(out / "pg", extra_listen=((ns.host_ip, ns.subnet),) if ns else ())
         url = pg.start()
         if isolation == "serializable":

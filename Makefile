@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images spark-k8s-demo test test-fast test-parallel lint lincheck soak
+.PHONY: dev-cluster dev-cluster-down dev-cluster-reset images spark-k8s-demo test test-fast test-serial lint lincheck soak
 
 OPS ?= 100000
 
@@ -19,14 +19,14 @@ dev-cluster-down:  ## stop it (pods, shims, interfaces too); etcd, PostgreSQL an
 dev-cluster-reset:  ## stop it and delete its state: the next `make dev-cluster` starts empty, with a new PostgreSQL password
 	@$(PYTHON) -m tsoracle_dev.controlplane.cluster down --purge
 
-test:  ## the whole suite, as CI runs it (about half an hour)
+test:  ## the whole suite as CI runs it: one worker per core (at most 4), the node's tests in one worker, in order
+	$(PYTHON) -m pytest -q -n auto
+
+test-serial:  ## the whole suite in this one process (slower; tracebacks and pdb as usual)
 	$(PYTHON) -m pytest -q
 
-test-parallel:  ## the whole suite, one worker per core (at most 4); the node's tests in one worker, in order
-	$(PYTHON) -m pytest -q -n auto --maxprocesses=4 --dist loadgroup
-
-test-fast:  ## the tests that start no PostgreSQL, API server, node or Spark (about a minute)
-	$(PYTHON) -m pytest -q -m "not (pg or kube or node or spark or slow)"
+test-fast:  ## the tests that start no server or process: no PostgreSQL, API server, node, Spark, CLI or catalog (under a minute)
+	$(PYTHON) -m pytest -q -n auto -m "not (pg or kube or node or spark or slow or served)"
 
 lint:  ## ruff and deptry, as CI runs them
 	bash .ci/lint

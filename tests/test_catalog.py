@@ -31,7 +31,8 @@ from pyiceberg.exceptions import (
 import tsoracle
 from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
 
-pytestmark = pytest.mark.serializable  # a SERIALIZABLE PostgreSQL too (conftest.py)
+# A SERIALIZABLE PostgreSQL too (conftest.py); served: the full suite's, not `make test-fast`'s.
+pytestmark = [pytest.mark.serializable, pytest.mark.served]
 
 SCHEMA = pa.schema([("id", pa.int64()), ("who", pa.string())])
 

@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
+import pytest
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.types import StringType
@@ -40,6 +41,9 @@ import tsoracle
 from tsoracle.catalog import state
 from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
 from tsoracle_dev.pgfaults import LossyRelay, SerializationFaults
+
+# Starts tsoracle's own processes or HTTP servers: the full suite's, not `make test-fast`'s.
+pytestmark = pytest.mark.served
 
 SCHEMA = pa.schema([("id", pa.int64())])
 

@@ -29,6 +29,9 @@ from tests.test_catalog import SCHEMA, call, read_ts
 from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
 from tsoracle.errors import ConfigError
 
+# Starts tsoracle's own processes or HTTP servers: the full suite's, not `make test-fast`'s.
+pytestmark = pytest.mark.served
+
 EMPTY_SCHEMA = {"type": "struct", "schema-id": 0,
                 "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
 

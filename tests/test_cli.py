@@ -15,6 +15,9 @@ import pytest
 
 import tsoracle
 
+# Starts tsoracle's own processes or HTTP servers: the full suite's, not `make test-fast`'s.
+pytestmark = pytest.mark.served
+
 
 def tso(*args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "tsoracle.cli", *args]

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# Starts tsoracle's own processes or HTTP servers: the full suite's, not `make test-fast`'s.
+pytestmark = pytest.mark.served
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "cross_table_cut.py"
 
 

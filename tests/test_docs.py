@@ -101,7 +101,7 @@ def test_readme_starts_with_the_two_commands_ci_runs() -> None:
     first = blocks(ROOT / "README.md")[0]
     assert (first.lang, first.options) == ("sh", frozenset({"ci"}))
     setup, tests = first.source.strip().splitlines()
-    assert setup.endswith("tsoracle demo") and tests == "python3 -m pytest -q"
+    assert setup.endswith("tsoracle demo") and tests == "python3 -m pytest -q -n auto"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "README.md" in ci and "sh ci" in ci  # .ci/run takes them from the README
 

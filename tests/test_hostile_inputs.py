@@ -24,6 +24,9 @@ from tsoracle.operator.redact import redact
 from tsoracle.store import parse_url
 from tsoracle_dev.kube import Operator, condition
 
+# Starts tsoracle's own processes or HTTP servers: the full suite's, not `make test-fast`'s.
+pytestmark = pytest.mark.served
+
 PASSWORDS = ["s3cr/et", "1234/Secret", "pa#ss-word", "wh?at=now", "p@ss:w0rd", "100%sure",
              "Sp ace'quote", "UPPERlowerMix"]
 HOST = "DB-Prod.Corp.Example"

@@ -249,3 +249,20 @@ def test_the_oracle_reads_the_wall_clock_only_through_now():
                 where.append(f"{path.relative_to(package)}:{node.lineno}")
     # The one reading: api.wall_clock_ms, the default `now`.
     assert found == ["oracle/api.py time.time_ns"], where
+
+
+def test_a_take_over_quicker_than_the_nemesis_is_seen(tmp_path):
+    """Regression: took_over() looked for the new leader's take-over only from its own call on,
+    so one that landed between lead() and took_over() (the nemesis paused by a busy machine)
+    was never seen and the run stalled at its cap (a CI run: 600 s, then a failed check)."""
+    control = runner.Control(tmp_path / "control.json")
+    control.write(implementation="legacy", leader=0)
+    nemesis = runner.Nemesis("takeovers", "legacy", min_ops=1, cap_s=2.0,
+                             url="postgresql://h/d?schema=s", out=tmp_path, pg=None,
+                             control=control, procs={}, spawn=None, processes=4, run_id="r")
+    nemesis.lead(1)
+    rec = runner.Recorder(tmp_path / "worker-1.jsonl", 1, "r")  # worker 1 takes over at once
+    op = rec.call(100, runner.EPOCH_MILLISECONDS, "reset")
+    rec.ret(op, True, 42)
+    nemesis.took_over(1)  # raised Stalled after the cap before the fix
+    assert [f["fault"] for f in nemesis.faults] == ["legacy take-over", "took over"]

@@ -567,6 +567,7 @@ class Nemesis:
         self.first_fault = 0
         self.ns: NetNamespace | None = None  # set by run() for the partition scenario
         self.takeovers: int | None = None  # set by run(): the takeovers scenario by events
+        self.led_at = 0  # monotonic ns when lead() last designated a leader
         self.partition_window: tuple[int, int] | None = None
         self.flips: Recorder | None = None
         self.strict_at: float | None = None  # when reads stop being recorded as stale-read
@@ -658,6 +659,8 @@ class Nemesis:
 
     def lead(self, proc: int) -> None:
         """A take-over: `proc` becomes the designated legacy leader (no effect on distributed)."""
+        # Before the workers can see it: the new leader may take over before this returns.
+        self.led_at = time.monotonic_ns()
         self.control.write(leader=proc)
         if self.control.state["implementation"] == "legacy":
             self.fault("legacy take-over", leader=proc)
@@ -667,7 +670,9 @@ class Nemesis:
         next step must find it leading with whatever clock it has, however short the run."""
         if self.control.state["implementation"] != "legacy":
             return
-        since, path = time.monotonic_ns(), self.out / f"worker-{proc}.jsonl"
+        # From the designation on, not from this call: a take-over quicker than the way here
+        # (a busy machine pausing this process) was missed, and the run stalled at its cap.
+        since, path = self.led_at, self.out / f"worker-{proc}.jsonl"
         pending: set[str] = set()
         while True:
             for raw in path.read_text().splitlines():

@@ -7,6 +7,7 @@ import base64
 import json
 import re
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from tsoracle.fencing import IMPLEMENTATIONS, MODES
 from tsoracle.kubectl import build_parser
 from tsoracle.kubectl.api import Api, PluginError, condition
+from tsoracle.kubectl.connection import Connection
 from tsoracle.kubectl.fencing import fencing_args
 from tsoracle.kubectl.printer import print_, progress
 from tsoracle.kubectl.report import _pod_logs
@@ -253,6 +255,37 @@ def test_an_unknown_context_cluster_or_user_names_the_ones_there(two_contexts, f
         Api(None, None, connection=connection_of(args))
 
 
+def test_the_first_kubeconfig_that_names_a_current_context_wins(tmp_path):
+    """As kubectl merges $KUBECONFIG: the first file's current-context (the merger kept the
+    last one's, so a flip could land in another namespace)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.write_text(KUBECONFIG)
+    second.write_text(KUBECONFIG.replace("current-context: a", "current-context: b"))
+    api = Api(None, None, connection=Connection(kubeconfig=f"{first}:{second}"))
+    assert api.namespace == "from-a" and api.client.configuration.host == "https://127.0.0.1:1"
+
+
+def test_a_relative_certificate_path_is_relative_to_its_kubeconfig(tmp_path, monkeypatch):
+    home = tmp_path / "kube"
+    home.mkdir()
+    (home / "ca.crt").write_text("not checked until a request\n")
+    (home / "config").write_text(KUBECONFIG.replace(
+        '{server: "https://127.0.0.1:1"}',
+        '{server: "https://127.0.0.1:1", certificate-authority: ca.crt}'))
+    monkeypatch.chdir(tmp_path)  # anywhere but beside the file
+    api = Api(str(home / "config"), None)
+    assert Path(api.client.configuration.ssl_ca_cert).read_text() == \
+        "not checked until a request\n"
+
+
+@pytest.mark.parametrize("contexts", ['["a"]', "{a: 1}", "[{name: a, context: text}]"])
+def test_a_kubeconfig_whose_entries_are_not_entries_is_one_line(tmp_path, contexts):
+    path = tmp_path / "kubeconfig"
+    path.write_text(f"current-context: a\ncontexts: {contexts}\n")
+    with pytest.raises(PluginError, match="no usable kubeconfig"):
+        Api(str(path), None)
+
+
 def test_an_unreachable_api_server_is_one_line(two_contexts, capsys):
     """It was urllib3's MaxRetryError with a traceback. Nothing listens on port 1 here: the
     failure is the real one, no API server needed to show it."""
@@ -304,8 +337,7 @@ def _offered(args: list[str]) -> tuple[list[str], int]:
     from tsoracle.kubectl.complete import candidates
 
     def names(flags: dict[str, str]) -> list[str]:
-        return {"etl": ["orders", "other"]}.get(flags.get("-n") or flags.get("--namespace")
-                                                 or "etl", [])
+        return {"etl": ["orders", "other"]}.get(flags.get("--namespace") or "etl", [])
 
     def kubeconfig(flags: dict[str, str], kind: str) -> list[str]:
         return {"contexts": ["dev", "prod"], "clusters": ["c1"], "users": ["u1"]}[kind]
@@ -320,6 +352,10 @@ def _offered(args: list[str]) -> tuple[list[str], int]:
     (["status", "o"], ["orders", "other"], 4),
     (["-n", "etl", "flip", "ot"], ["other"], 4),
     (["status", "-n", "empty", ""], [], 4),
+    (["status", "-nempty", ""], [], 4),  # attached, as kubectl takes it
+    (["status", "--namespace=empty", ""], [], 4),
+    (["-n", "empty", "status", "--namespace", "etl", ""], ["orders", "other"], 4),  # later wins
+    (["fencing", "Always", ""], ["orders", "other"], 4),  # a mode first, then the name
     (["flip", "orders", "--to", ""], list(IMPLEMENTATIONS), 4),
     (["fencing", "orders", ""], [*MODES, "on", "off"], 4),
     (["fencing", "off", ""], ["orders", "other"], 4),

@@ -3,6 +3,7 @@ their own (tools/pyproject.toml) that works on a checkout, however it was instal
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,10 +18,19 @@ ROOT = Path(__file__).resolve().parents[1]
 # cache once it holds it): the tests that build one are not the fast tier.
 
 
-def _wheel(source: Path, out: Path) -> zipfile.ZipFile:
+def _wheel(source: Path, parts: list[str], out: Path) -> zipfile.ZipFile:
+    """Build from a copy of `parts` of `source`: setuptools leaves build/ and egg-info behind
+    in the tree it builds, which must not be the checkout."""
+    tree = out / "src"
+    tree.mkdir()
+    for part in parts:
+        copy = shutil.copytree if (source / part).is_dir() else shutil.copy2
+        copy(source / part, tree / part,
+             **({"ignore": shutil.ignore_patterns("__pycache__", "build", "*.egg-info")}
+                if (source / part).is_dir() else {}))
     # As pip builds it for a user: in an isolated environment with the pyproject's setuptools.
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                           str(out), str(source)], capture_output=True, text=True, cwd=out)
+                           str(out), str(tree)], capture_output=True, text=True, cwd=out)
     assert done.returncode == 0, done.stderr[-3000:]
     [built] = out.glob("*.whl")
     return zipfile.ZipFile(built)
@@ -28,8 +38,10 @@ def _wheel(source: Path, out: Path) -> zipfile.ZipFile:
 
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, zipfile.ZipFile]:
-    return {name: _wheel(source, tmp_path_factory.mktemp(name))
-            for name, source in (("library", ROOT), ("tools", ROOT / "tools"))}
+    return {"library": _wheel(ROOT, ["pyproject.toml", "README.md", "tsoracle"],
+                              tmp_path_factory.mktemp("library")),
+            "tools": _wheel(ROOT / "tools", ["pyproject.toml", "tsoracle_dev"],
+                            tmp_path_factory.mktemp("tools"))}
 
 
 def _entry_points(wheel: zipfile.ZipFile) -> str:

@@ -48,13 +48,17 @@ class Api:
                                   "them") from None
             raise PluginError(f"the API server refused: {exc.reason}") from None
 
-    def list(self, all_namespaces: bool) -> list[dict[str, Any]]:
+    def list(self, all_namespaces: bool, timeout_s: float | None = None
+             ) -> list[dict[str, Any]]:
+        """`timeout_s`: a bound on the request (shell completion must not hang a TAB)."""
+        extra = {} if timeout_s is None else {"_request_timeout": timeout_s}
         try:
             if all_namespaces:
-                found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+                found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **extra)
             else:
                 found = self.custom.list_namespaced_custom_object(GROUP, VERSION,
-                                                                  self.namespace, PLURAL)
+                                                                  self.namespace, PLURAL,
+                                                                  **extra)
         except ApiException as exc:
             raise PluginError(f"the API server refused to list TimestampOracles: "
                               f"{exc.reason}") from None
@@ -96,7 +100,11 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 def _entries(kcfg: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     """A kubeconfig list (`contexts`, `clusters`, `users`) as plain dicts: the merger wraps
     each file's entries to remember the file (for relative certificate paths)."""
-    return [getattr(e, "value", e) for e in kcfg.get(kind) or []]
+    entries = [getattr(e, "value", e) for e in kcfg.get(kind) or []]
+    if not all(isinstance(e, dict) and isinstance(e.get(kind[:-1], {}), dict)
+               for e in entries):
+        raise PluginError(f"no usable kubeconfig: its {kind} are not a list of named entries")
+    return entries
 
 
 def _named(items: list[dict[str, Any]], name: str) -> bool:
@@ -112,16 +120,24 @@ def _merged(conn: Connection) -> Any:
     paths = conn.kubeconfig or os.environ.get("KUBECONFIG") or KUBE_CONFIG_DEFAULT_LOCATION
     unusable: tuple[type[Exception], ...] = (config.ConfigException, *KUBECONFIG_FILE_ERRORS)
     try:
-        merged = KubeConfigMerger(paths).config
+        merger = KubeConfigMerger(paths)
     except unusable as exc:
         raise PluginError(f"no usable kubeconfig: {kubeconfig_problem(exc)}") from None
+    merged = merger.config
     if merged is None:
         shown = paths.split(ENV_KUBECONFIG_PATH_SEPARATOR)
         raise PluginError(f"no kubeconfig found at {', '.join(shown)}: give --kubeconfig or "
                           "set KUBECONFIG")
-    if not isinstance(merged.value, dict):
+    if not isinstance(merged.value, dict) or not all(
+            isinstance(merger.config_files[p], dict) for p in merger.paths):
         raise PluginError("no usable kubeconfig: it is not a kubeconfig (no clusters, users "
                           "and contexts in it)")
+    # kubectl takes the current context from the first file that sets one (the merger keeps
+    # the last).
+    current = next((merger.config_files[p]["current-context"] for p in merger.paths
+                    if merger.config_files[p].get("current-context")), None)
+    if current is not None:
+        merged.value["current-context"] = current
     return merged
 
 
@@ -158,7 +174,9 @@ def load(conn: Connection) -> tuple[client.ApiClient, str]:
         name = OVERRIDE_CONTEXT
     configuration = type.__call__(client.Configuration)
     try:
-        KubeConfigLoader(config_dict=merged, active_context=name).load_and_set(configuration)
+        # config_base_path None: a relative certificate path is relative to its own file.
+        KubeConfigLoader(config_dict=merged, config_base_path=None,
+                         active_context=name).load_and_set(configuration)
     except Exception as exc:  # noqa: BLE001 - its messages may quote tokens: named, not shown
         raise PluginError(f"the kubeconfig's context {name!r} is not usable "
                           f"({type(exc).__name__}): check its cluster and user") from None

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tsoracle.fencing import IMPLEMENTATIONS, MODE_ALIASES, MODES
+from tsoracle.fencing import IMPLEMENTATIONS, MODE_ALIASES, MODES, parse_mode
 
 COMMAND = "__complete"
 NO_FILES, FILES = 4, 0  # Cobra's ShellCompDirectiveNoFileComp and ShellCompDirectiveDefault
@@ -20,6 +20,8 @@ OUTPUTS = ("text", "json", "yaml")
 FILE_FLAGS = {"--kubeconfig", "-f", "--file", "--operator-log"}
 # The positionals of each command that name a resource, and fencing's mode.
 NAME_AT = {"status": 0, "flip": 0, "report": 0, "fencing": 0}
+SAME = {"-n": "--namespace", "-o": "--output", "-f": "--file"}  # one key, the later wins
+LOOKUP_TIMEOUT_S = 5.0  # a TAB that waits on an unreachable API server gives up by then
 
 
 def _value_flags(parser: argparse.ArgumentParser) -> set[str]:
@@ -45,10 +47,12 @@ def read_words(parser: argparse.ArgumentParser, words: list[str]
         word = words[i]
         if word.startswith("-") and "=" in word:
             flag, value = word.split("=", 1)
-            flags[flag] = value
+            flags[SAME.get(flag, flag)] = value
         elif word in takes_value:
-            flags[word] = words[i + 1] if i + 1 < len(words) else ""
+            flags[SAME.get(word, word)] = words[i + 1] if i + 1 < len(words) else ""
             i += 1
+        elif word[:2] in SAME and len(word) > 2 and not word.startswith("--"):
+            flags[SAME[word[:2]]] = word[2:]  # -nprod, as kubectl takes it
         elif word.startswith("-"):
             flags[word] = ""
         elif command is None and word in commands:
@@ -91,7 +95,8 @@ def candidates(parser: argparse.ArgumentParser, args: list[str], *,
         if command == "fencing":  # `fencing on|off NAME` is accepted too
             values += list(MODE_ALIASES)
     elif command == "fencing" and len(positionals) == 1:
-        values = [*MODES, *MODE_ALIASES] if positionals[0] not in MODE_ALIASES else names(flags)
+        # `fencing NAME MODE`, or a mode first (`fencing on NAME`): then a name.
+        values = names(flags) if parse_mode(positionals[0]) else [*MODES, *MODE_ALIASES]
     return [v for v in values if v.startswith(typed)], NO_FILES
 
 
@@ -105,10 +110,11 @@ def run(parser: argparse.ArgumentParser, args: list[str]) -> int:
             return next((flags[s] for s in spellings if flags.get(s)), None)
         return Connection(kubeconfig=given("--kubeconfig"), context=given("--context"),
                           cluster=given("--cluster"), user=given("--user"),
-                          namespace=given("-n", "--namespace"))
+                          namespace=given("--namespace"))
 
     def names(flags: dict[str, str]) -> list[str]:
-        found: list[dict[str, Any]] = Api(None, None, connection=connection(flags)).list(False)
+        api = Api(None, None, connection=connection(flags))
+        found: list[dict[str, Any]] = api.list(False, timeout_s=LOOKUP_TIMEOUT_S)
         return [o["metadata"]["name"] for o in found]
 
     def kubeconfig(flags: dict[str, str], kind: str) -> list[str]:

@@ -1,2 +1,0 @@
-"""A local Kubernetes control plane (etcd, kube-apiserver) and its node, built from Go
-modules; the Go wrappers live in the folders beside this package's modules."""

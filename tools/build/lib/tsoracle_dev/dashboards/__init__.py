@@ -1,1 +1,0 @@
-"""The Grafana dashboards and the PrometheusRule alerts, generated from one list of panels."""

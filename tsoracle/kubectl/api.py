@@ -51,7 +51,7 @@ class Api:
     def list(self, all_namespaces: bool, timeout_s: float | None = None
              ) -> list[dict[str, Any]]:
         """`timeout_s`: a bound on the request (shell completion must not hang a TAB)."""
-        extra = {} if timeout_s is None else {"_request_timeout": timeout_s}
+        extra: dict[str, Any] = {} if timeout_s is None else {"_request_timeout": timeout_s}
         try:
             if all_namespaces:
                 found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **extra)

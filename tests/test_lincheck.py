@@ -128,7 +128,8 @@ def test_broken_oracles_are_caught_live(variant, tmp_path, pg):
         # a violation (test_scenario_is_linearizable runs this scenario on both).
         out = tmp_path / "run"
         summary = runner.run(scenario, impl, out=out, broken=variant, clients=2,
-                             min_ops=runner.TAKEOVER_SPACING, takeovers=TAKEOVERS, server=pg)
+                             min_ops=runner.TAKEOVER_SPACING, takeovers=TAKEOVERS, server=pg,
+                             cap_s=CAP_S)
         assert sum(f["fault"] == "took over" for f in summary["faults"]) == TAKEOVERS, summary
     else:
         # One fault each (a read beside an unapplied write; a take-over after a clock jump):
@@ -136,7 +137,7 @@ def test_broken_oracles_are_caught_live(variant, tmp_path, pg):
         for attempt in range(RUNS_TO_CATCH):
             out = tmp_path / f"run-{attempt}"
             summary = runner.run(scenario, impl, out=out, broken=variant, clients=2,
-                                 min_ops=1500, server=pg)
+                                 min_ops=1500, server=pg, cap_s=CAP_S)
             if summary["porcupine"] == "violation":
                 break
     assert summary["porcupine"] == "violation", summary

@@ -68,7 +68,10 @@ async def test_injected_serialization_failures_are_retried_unseen(faults, databa
 async def test_lost_replies_are_retried_unseen(pg, impl, rate):
     relay = LossyRelay(pg.port)
     try:
-        url = relay.url(f"{pg.url()}?schema=l_{uuid.uuid4().hex[:8]}")
+        # Opening also loses replies (each new connection's one statement): at 30 %, on a busy
+        # machine, the default 5 s to open a pool was spent once (a CI run: 16 clients saw
+        # "pool initialization incomplete"). The operations' retries are what this tests.
+        url = relay.url(f"{pg.url()}?schema=l_{uuid.uuid4().hex[:8]}&connect_timeout=30")
         await tsoracle.init(url, timelines=[COUNTER], implementation=impl)
         relay.rate = rate
         before = RETRIES.total(reason="connection", implementation=impl)

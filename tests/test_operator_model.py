@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from tsoracle.errors import ConfigError, Fenced, OracleUnavailable
-from tsoracle.fencing import Deployment
+from tsoracle.fencing import Deployment, FlipClock, PlannedBy
 from tsoracle.operator.model import (
     Condition,
     FinishRollout,
@@ -21,6 +21,7 @@ from tsoracle.operator.model import (
     PublishFlip,
     RecordGeneration,
     SetFencing,
+    StartRolloutClock,
     degraded,
     merge_conditions,
     needs_provisioning,
@@ -40,9 +41,16 @@ SPEC = parse_spec({"backend": {"urlSecretRef": {"name": "db"}}, "implementation"
                    "fencing": "Rollout", "rolloutWindowSeconds": 30})
 
 
+OWNER = "ns/orders/uid-1"
+
+
+def by(generation: int = 7) -> PlannedBy:
+    return PlannedBy(OWNER, generation)
+
+
 def dep(**changes: object) -> Deployment:
     base = {"epoch": 3, "implementation": "distributed", "fence": "Rollout", "rollout": False,
-            "generation": 7}
+            "generation": 7, "owner": OWNER}
     return Deployment(**{**base, **changes})  # type: ignore[arg-type]
 
 
@@ -50,8 +58,9 @@ def status(epoch: int = 3, implementation: str = "distributed", **extra: object)
     return {"epoch": epoch, "activeImplementation": implementation, **extra}
 
 
-def steps(found: Deployment, published: dict, spec=SPEC, generation: int = 7) -> tuple:
-    return plan(Observation(spec, found, published, generation, NOW)).steps
+def steps(found: Deployment, published: dict, spec=SPEC, generation: int = 7,
+          clock: FlipClock | None = None) -> tuple:
+    return plan(Observation(spec, found, published, generation, NOW, flip_clock=clock)).steps
 
 
 def test_a_deployment_as_specified_needs_nothing():
@@ -68,9 +77,15 @@ def test_provisioning_is_needed_for_a_missing_deployment_or_timeline(found, has_
 def test_a_newer_generation_is_recorded_first_even_when_nothing_else_changes():
     # A pass of generation 8 that changes nothing still records 8: a pass of 7 planned
     # earlier and resumed late (a paused operator) is then refused by the backend.
-    assert steps(dep(), status(), generation=8) == (RecordGeneration(8),)
+    assert steps(dep(), status(), generation=8) == (RecordGeneration(by(8)),)
     assert steps(dep(implementation="legacy"), status(), generation=8) == \
-        (RecordGeneration(8), Flip("distributed", 8))
+        (RecordGeneration(by(8)), Flip("distributed", by(8)))
+
+
+def test_every_durable_step_names_the_owner_that_planned_it():
+    other = dep(owner="ns/orders/uid-0", implementation="legacy", fence="Always")
+    for step in steps(other, status(), generation=8):
+        assert getattr(step, "by", None) == PlannedBy("ns/orders/uid-0", 8), step
 
 
 def test_a_pass_older_than_the_generation_applied_does_nothing():
@@ -81,15 +96,15 @@ def test_a_pass_older_than_the_generation_applied_does_nothing():
 def test_a_changed_mode_is_set_then_a_changed_implementation_flipped():
     # Both carry the resource's generation: the backend refuses an older one's request.
     assert steps(dep(implementation="legacy", fence="Always"), status()) == \
-        (SetFencing("Rollout", 7), Flip("distributed", 7))
+        (SetFencing("Rollout", by(7)), Flip("distributed", by(7)))
 
 
 def test_a_flip_that_committed_but_was_never_published_is_reported():
     # The operator died between the flip (epoch 4, legacy) and publishing it (still 3).
     assert steps(dep(epoch=4, implementation="legacy"), status(3, "distributed")) == \
-        (Flip("distributed", 7), PublishFlip(3))
+        (Flip("distributed", by(7)), PublishFlip(3))
     assert steps(dep(epoch=4), status(3, "distributed")) == ()
-    assert steps(dep(epoch=4, implementation="legacy"), {}) == (Flip("distributed", 7),)
+    assert steps(dep(epoch=4, implementation="legacy"), {}) == (Flip("distributed", by(7)),)
 
 
 def test_an_unreported_flip_is_reported_before_its_rollout_ends():
@@ -101,34 +116,45 @@ def test_an_unreported_flip_is_reported_before_its_rollout_ends():
 
 @pytest.mark.parametrize(("flipped_s_ago", "over"), [(10, False), (30, True), (300, True)])
 def test_a_rollout_ends_when_its_window_has_passed(flipped_s_ago, over):
-    since = (NOW - dt.timedelta(seconds=flipped_s_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    todo = steps(dep(rollout=True), status(lastFlipTime=since))
-    assert todo == ((FinishRollout(7, 3),) if over else ())
+    at_ms = int((NOW - dt.timedelta(seconds=flipped_s_ago)).timestamp() * 1000)
+    # The database's record times the window; status.lastFlipTime (here: none) does not.
+    todo = steps(dep(rollout=True), status(), clock=FlipClock(3, at_ms))
+    assert todo == ((FinishRollout(by(7), 3),) if over else ())
+
+
+@pytest.mark.parametrize("clock", [None, FlipClock(0, 0), FlipClock(2, 1), FlipClock(3, 0)],
+                         ids=["not-read", "never-recorded", "an-earlier-epoch", "no-time"])
+def test_a_rollout_window_nothing_times_starts_now_and_stays_open(clock):
+    # A schema from an earlier release, or an epoch a repair moved: the window runs from now.
+    long_ago = status(lastFlipTime="2026-01-01T00:00:00Z")
+    assert steps(dep(rollout=True), long_ago, clock=clock) == \
+        (StartRolloutClock(by(7), 3, NOW),)
 
 
 def test_leaving_rollout_mode_ends_the_rollout_without_a_separate_step():
     spec = parse_spec({"backend": {"urlSecretRef": {"name": "db"}}, "fencing": "Always"})
-    assert steps(dep(rollout=True), status(), spec) == \
-        (SetFencing("Always", 7), FinishRollout(7, 3))
+    opened = FlipClock(3, int(NOW.timestamp() * 1000) - 3_600_000)
+    assert steps(dep(rollout=True), status(), spec, clock=opened) == \
+        (SetFencing("Always", by(7)), FinishRollout(by(7), 3))
     # The executor checks each step against the deployment the steps before it returned:
     # SetFencing cleared the flag, so there is no rollout left to finish...
-    assert not still_due(FinishRollout(7, 3), dep(fence="Always", rollout=False), flipped=False)
+    assert not still_due(FinishRollout(by(7), 3), dep(fence="Always", rollout=False), flipped=False)
     # ...unless the backend refused the change (an older generation): then it still is.
-    assert still_due(FinishRollout(7, 3), dep(rollout=True), flipped=False)
+    assert still_due(FinishRollout(by(7), 3), dep(rollout=True), flipped=False)
 
 
 def test_a_flip_published_in_a_pass_leaves_the_rest_to_the_next_pass():
-    for step in (PublishFlip(3), FinishRollout(7, 3)):
+    for step in (PublishFlip(3), FinishRollout(by(7), 3)):
         assert not still_due(step, dep(rollout=True), flipped=True)
-    for step in (SetFencing("Always", 1), Flip("legacy", 1)):  # dep() is on distributed
+    for step in (SetFencing("Always", by(1)), Flip("legacy", by(1))):  # dep() is on distributed
         assert still_due(step, dep(), flipped=True) and still_due(step, dep(), flipped=False)
     assert still_due(PublishFlip(3), dep(), flipped=False)
 
 
 def test_a_flip_someone_else_finished_during_the_pass_is_not_done_again():
     # The plan saw distributed; by the time the flip was due, the backend was on legacy.
-    assert still_due(Flip("legacy", 1), dep(implementation="distributed"), flipped=False)
-    assert not still_due(Flip("legacy", 1), dep(implementation="legacy"), flipped=False)
+    assert still_due(Flip("legacy", by(1)), dep(implementation="distributed"), flipped=False)
+    assert not still_due(Flip("legacy", by(1)), dep(implementation="legacy"), flipped=False)
 
 
 URL = "postgresql://tso:hunter2@db.internal:5432/app"
@@ -275,12 +301,14 @@ def test_a_backend_below_the_mark_is_moved_above_what_could_have_been_handed_out
     assert rewind_targets(HighWater(), {"counter:c": 0}, 1, 3, 0, later) == {}
 
 
-def test_no_pace_is_measured_for_the_wall_clock_or_from_nothing():
+def test_no_pace_is_measured_for_the_wall_clock_or_from_no_mark():
     # The newcomer saw EpochMilliseconds' peakPerSecond at 164865997959: its jump from 0.
-    mark = HighWater().after({"EpochMilliseconds": 0, "counter:c": 0}, NOW)
-    mark = mark.after({"EpochMilliseconds": 1_795_000_000_000, "counter:c": 50},
-                      NOW + dt.timedelta(seconds=1))
-    assert mark.peaks == {}
+    first = HighWater().after({"EpochMilliseconds": 0, "counter:c": 0}, NOW)
+    assert first.peaks == {}  # one pass measures nothing
+    mark = first.after({"EpochMilliseconds": 1_795_000_000_000, "counter:c": 50},
+                       NOW + dt.timedelta(seconds=1))
+    # A counter's move from 0 is a pace (issue 34); the wall clock's never is.
+    assert mark.peaks == {"counter:c": 50.0}
     mark = mark.after({"EpochMilliseconds": 1_795_000_001_000, "counter:c": 150},
                       NOW + dt.timedelta(seconds=2))
     assert mark.peaks == {"counter:c": 100.0}

@@ -17,6 +17,7 @@ import uuid
 import pytest
 
 import tsoracle
+from tsoracle.fencing import PlannedBy, StalePlan, read_deployment
 from tsoracle.oracle.connect import admin_backend
 from tsoracle.oracle.flip import flip_backend
 from tsoracle_dev.kube import Operator, condition, is_ready
@@ -145,12 +146,16 @@ def test_a_stale_generation_never_undoes_a_flip(pg):
     async def run() -> None:
         await tsoracle.init(url, timelines=[COUNTER])
         async with admin_backend(url) as backend:
-            forward = await flip_backend(backend, "legacy", generation=5)
+            forward = await flip_backend(backend, "legacy", by=PlannedBy("", 5))
             assert forward.changed and forward.epoch == 2
-            back = await flip_backend(backend, "distributed", generation=4)  # a paused operator
-            assert back.stale and not back.changed
-            again = await flip_backend(backend, "distributed", generation=6)
+            with pytest.raises(StalePlan, match="already applied generation 5"):
+                # a paused operator
+                await flip_backend(backend, "distributed", by=PlannedBy("", 4))
+            assert (await read_deployment(backend)).epoch == 2
+            again = await flip_backend(backend, "distributed", by=PlannedBy("", 6))
             assert again.changed and again.epoch == 3
+            with pytest.raises(StalePlan, match="belongs to nobody"):  # a deleted resource's
+                await flip_backend(backend, "legacy", by=PlannedBy("ns/gone/uid-9", 7))
 
     asyncio.run(run())
 

@@ -7,6 +7,8 @@ from tsoracle.fencing.modes import (
     MODE_WARNINGS,
     MODES,
     Deployment,
+    FlipClock,
+    admit,
     check_implementation,
     check_mode,
     confirms_reads,
@@ -17,10 +19,13 @@ from tsoracle.fencing.modes import (
     moved,
     parse_mode,
     read_deployment,
+    read_flip_clock,
     record_generation,
     set_fencing,
+    start_flip_clock,
     superseded,
 )
+from tsoracle.fencing.planned import PlannedBy, StalePlan
 from tsoracle.fencing.tables import ensure_tables, tables_exist
 
 __all__ = [
@@ -29,6 +34,10 @@ __all__ = [
     "MODE_WARNINGS",
     "MODES",
     "Deployment",
+    "FlipClock",
+    "PlannedBy",
+    "StalePlan",
+    "admit",
     "Leadership",
     "Start",
     "ensure_tables",
@@ -43,7 +52,9 @@ __all__ = [
     "moved",
     "parse_mode",
     "read_deployment",
+    "read_flip_clock",
     "record_generation",
+    "start_flip_clock",
     "set_fencing",
     "superseded",
 ]

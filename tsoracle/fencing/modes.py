@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tsoracle.errors import Arg, ConfigError, Fenced, Reprovisioned
+from tsoracle.fencing.planned import PlannedBy, StalePlan
 from tsoracle.store import Backend, Tx
 
 MODES = ("Always", "Rollout", "Disabled")
@@ -132,18 +133,27 @@ def superseded(opened: Deployment, now: Deployment, implementation: str) -> Fenc
                          use=Arg("implementation", now.implementation))
 
 
-async def set_fencing(backend: Backend, mode: str, *, generation: int | None = None) -> Deployment:
-    """Change the fencing mode everywhere in one transaction. With `generation` (see
-    `flip_backend`), a change asked for by an older resource generation is refused."""
+def admit(dep: Deployment, by: PlannedBy | None) -> None:
+    """Raise StalePlan unless the deployment (read under its lock) accepts `by`'s steps; a
+    step without a planner (the CLI, a person) is always accepted."""
+    if by is None:
+        return
+    why = by.refusal(dep.owner, dep.generation)
+    if why is not None:
+        raise StalePlan(why)
+
+
+async def set_fencing(backend: Backend, mode: str, *, by: PlannedBy | None = None) -> Deployment:
+    """Change the fencing mode everywhere in one transaction. With `by`, only for a planner
+    the deployment still follows (`PlannedBy`), whose generation it then records."""
     check_mode(mode)
 
     async def body(tx: Tx) -> Deployment:
         dep, _ = await lock_deployment(tx)
-        if generation is not None:
-            if generation < dep.generation:
-                return dep
+        admit(dep, by)
+        if by is not None:
             await tx.fetch("UPDATE {deployment} SET generation = %(g)s WHERE id = 1",
-                           {"g": generation})
+                           {"g": by.generation})
         params = {"fence": mode}
         await tx.fetch(
             "UPDATE {deployment} SET fence = %(fence)s,"
@@ -160,30 +170,32 @@ async def set_fencing(backend: Backend, mode: str, *, generation: int | None = N
     return await backend.transaction(body)
 
 
-async def record_generation(backend: Backend, generation: int) -> Deployment:
-    """Record that the owning resource's `generation` is being acted on, even where the pass
+async def record_generation(backend: Backend, by: PlannedBy) -> Deployment:
+    """Record that the owning resource's generation is being acted on, even where the pass
     changes nothing: a pass of an older generation, planned earlier and resumed late (a paused
-    operator), is then refused by `flip_backend`, `set_fencing` and `finish_rollout`. The
-    recorded generation only moves forward; the deployment returned tells whether this pass is
-    stale (`generation` below the one recorded)."""
+    operator), is then refused by every guarded step. The recorded generation only moves
+    forward, and only for the owner; StalePlan when this pass is out of date."""
     # The deployment row alone is locked: no cycle with lock_deployment's order.
     await backend.fetch("UPDATE {deployment} SET generation = %(g)s"
-                        " WHERE id = 1 AND generation < %(g)s", {"g": generation})
-    return await read_deployment(backend)
+                        " WHERE id = 1 AND owner = %(owner)s AND generation < %(g)s",
+                        {"g": by.generation, "owner": by.owner})
+    dep = await read_deployment(backend)
+    admit(dep, by)
+    return dep
 
 
-async def finish_rollout(backend: Backend, *, generation: int | None = None,
+async def finish_rollout(backend: Backend, *, by: PlannedBy | None = None,
                          epoch: int | None = None) -> Deployment:
     """Mark the rollout done: in Rollout mode, processes on the active side stop re-checking.
 
-    With `generation` (see `flip_backend`), a pass of an older resource generation changes
-    nothing; with `epoch`, neither does a pass that timed the window of an earlier flip (a flip
-    since then opened a new window)."""
+    With `by`, only for a planner the deployment still follows (StalePlan otherwise); with
+    `epoch`, a pass that timed the window of an earlier flip changes nothing (a flip since
+    then opened a new window)."""
 
     async def body(tx: Tx) -> Deployment:
         dep, _ = await lock_deployment(tx)
-        if (generation is not None and generation < dep.generation) \
-                or (epoch is not None and epoch != dep.epoch):
+        admit(dep, by)
+        if epoch is not None and epoch != dep.epoch:
             return dep
         await tx.fetch("UPDATE {deployment} SET rollout = FALSE WHERE id = 1")
         await tx.fetch("UPDATE {timestamps} SET rollout = FALSE")
@@ -192,14 +204,17 @@ async def finish_rollout(backend: Backend, *, generation: int | None = None,
     return await backend.transaction(body)
 
 
-async def fence_everyone(backend: Backend, *, above: int = 0) -> Deployment:
+async def fence_everyone(backend: Backend, *, above: int = 0,
+                         by: PlannedBy | None = None) -> Deployment:
     """Bump the epoch past both the current one and `above`, and every timeline's leader epoch:
     every process reopens, as after a flip, the implementation unchanged. For a deployment that
     went back in time (restored): a process that opened under an epoch the restore brought
-    back, or a legacy leader serving a window the restore forgot, must not go on."""
+    back, or a legacy leader serving a window the restore forgot, must not go on. With `by`,
+    only for a planner the deployment still follows (StalePlan otherwise)."""
 
     async def body(tx: Tx) -> Deployment:
         dep, _ = await lock_deployment(tx)
+        admit(dep, by)
         epoch = max(dep.epoch, above) + 1
         await tx.fetch("UPDATE {deployment} SET epoch = %(epoch)s WHERE id = 1", {"epoch": epoch})
         await tx.fetch("UPDATE {timestamps} SET epoch = %(epoch)s,"
@@ -209,14 +224,49 @@ async def fence_everyone(backend: Backend, *, above: int = 0) -> Deployment:
     return await backend.transaction(body)
 
 
-async def count_pass(backend: Backend, at_least: int) -> tuple[int, int]:
+async def count_pass(backend: Backend, at_least: int, by: PlannedBy) -> tuple[int, int]:
     """Count an operator pass in the deployment row: (the count the row held, the count now,
-    at least `at_least`). The row's count is the database's own memory of how many passes it
-    saw; a restore takes it back with everything else, so a count below the one the operator
-    published (outside the database) is how a restore is told even after writers have pushed
-    the timestamps back up."""
-    before = int((await backend.fetch("SELECT operator_pass FROM {deployment} WHERE id = 1"))
-                 [0][0])
+    at least `at_least`); only the owner counts (StalePlan for anyone else). The row's count is
+    the database's own memory of how many passes it saw; a restore takes it back with
+    everything else, so a count below the one the operator published (outside the database)
+    is how a restore is told even after writers have pushed the timestamps back up."""
+    rows = await backend.fetch("SELECT operator_pass, owner, generation FROM {deployment}"
+                               " WHERE id = 1")
+    before, owner, generation = int(rows[0][0]), str(rows[0][1]), int(rows[0][2])
+    why = by.refusal(owner, generation)
+    if why is not None:
+        raise StalePlan(why)
     await backend.fetch("UPDATE {deployment} SET operator_pass = GREATEST(operator_pass,"
-                        " %(n)s) WHERE id = 1", {"n": at_least})
+                        " %(n)s) WHERE id = 1 AND owner = %(owner)s",
+                        {"n": at_least, "owner": by.owner})
     return before, max(before, at_least)
+
+
+@dataclass(frozen=True)
+class FlipClock:
+    """When the deployment's current rollout window opened, as the database records it: the
+    epoch of the flip that opened it and that flip's time (ms since the Unix epoch; 0 when
+    not recorded: a schema from an earlier release, or an epoch a restore repair moved)."""
+
+    epoch: int
+    at_ms: int
+
+    def times(self, dep: Deployment) -> bool:
+        """Whether this clock times `dep`'s current window."""
+        return self.epoch == dep.epoch and self.at_ms > 0
+
+
+async def read_flip_clock(backend: Backend) -> FlipClock:
+    rows = await backend.fetch("SELECT flip_epoch, flipped_ms FROM {deployment} WHERE id = 1")
+    return FlipClock(int(rows[0][0]), int(rows[0][1])) if rows else FlipClock(0, 0)
+
+
+async def start_flip_clock(backend: Backend, epoch: int, at_ms: int, by: PlannedBy) -> bool:
+    """Time the window of `epoch` from `at_ms`, where nothing times it yet (see FlipClock);
+    only for the owner. Returns whether this call set it."""
+    rows = await backend.fetch(
+        "UPDATE {deployment} SET flip_epoch = %(epoch)s, flipped_ms = %(at)s"
+        " WHERE id = 1 AND epoch = %(epoch)s AND owner = %(owner)s"
+        " AND (flip_epoch <> %(epoch)s OR flipped_ms = 0) RETURNING epoch",
+        {"epoch": epoch, "at": at_ms, "owner": by.owner})
+    return bool(rows)

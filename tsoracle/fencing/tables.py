@@ -1,7 +1,8 @@
 """The oracle's two tables, and the SQL fragments every statement on its rows uses (`fenced`).
 
 - `deployment`: one row, the source of truth: epoch, active implementation, fencing mode,
-  rollout flag, incarnation, owner, the resource generation last applied.
+  rollout flag, incarnation, owner, the resource generation last applied, the operator's pass
+  count and the last flip's epoch and time.
 - `timestamps`: one row per (timeline, implementation), with a copy of the deployment's fencing
   state, so that a guarded statement checks the row it touches (docs/design.md, "Storage").
 """
@@ -47,7 +48,9 @@ _DDL = (
     incarnation TEXT NOT NULL DEFAULT '',
     owner TEXT NOT NULL DEFAULT '',
     generation BIGINT NOT NULL DEFAULT 0,
-    operator_pass BIGINT NOT NULL DEFAULT 0
+    operator_pass BIGINT NOT NULL DEFAULT 0,
+    flip_epoch BIGINT NOT NULL DEFAULT 0,
+    flipped_ms BIGINT NOT NULL DEFAULT 0
 )""",
     """CREATE TABLE IF NOT EXISTS {timestamps} (
     timeline TEXT NOT NULL,
@@ -70,12 +73,15 @@ ON CONFLICT (id) DO NOTHING
 """
 # Columns added after the first release, with what older rows get: the empty incarnation (their
 # clients keep working; a later drop and re-provision still gets a fresh one), no owner (the
-# first operator resource to reconcile adopts it), generation 0, no operator pass counted.
+# first operator resource to reconcile adopts it), generation 0, no operator pass counted, no
+# flip timed (the operator times the window from when it first sees it: modes.FlipClock).
 ADDED_COLUMNS = (
     ("deployment", "incarnation", "TEXT NOT NULL DEFAULT ''"),
     ("deployment", "owner", "TEXT NOT NULL DEFAULT ''"),
     ("deployment", "generation", "BIGINT NOT NULL DEFAULT 0"),
     ("deployment", "operator_pass", "BIGINT NOT NULL DEFAULT 0"),
+    ("deployment", "flip_epoch", "BIGINT NOT NULL DEFAULT 0"),
+    ("deployment", "flipped_ms", "BIGINT NOT NULL DEFAULT 0"),
     ("timestamps", "incarnation", "TEXT NOT NULL DEFAULT ''"),
 )
 

@@ -17,12 +17,14 @@ from kubernetes.client.exceptions import ApiException
 from tsoracle.fencing import (
     IMPLEMENTATIONS,
     Deployment,
+    PlannedBy,
+    StalePlan,
     count_pass,
     fence_everyone,
     finish_rollout,
-    read_deployment,
     record_generation,
     set_fencing,
+    start_flip_clock,
 )
 from tsoracle.fencing.tables import ADDED_COLUMNS
 from tsoracle.operator import catalog, kube, metrics
@@ -38,6 +40,7 @@ from tsoracle.operator.model import (
     RecordGeneration,
     RemoveCatalog,
     SetFencing,
+    StartRolloutClock,
     Step,
     needs_provisioning,
     rewind_targets,
@@ -96,21 +99,21 @@ async def _has_timelines(backend: Backend, timelines: tuple[str, ...]) -> bool:
     return set(timelines) <= {r[0] for r in rows}
 
 
-async def guard_rewind(backend: Backend, dep: Deployment, mark: HighWater,
+async def guard_rewind(backend: Backend, dep: Deployment, by: PlannedBy, mark: HighWater,
                        published_epoch: int, now: dt.datetime, ref: str,
                        body: kopf.Body) -> tuple[Deployment | None, int]:
     """Count this pass in the database, and move a backend that went back in time (restored
     from a backup or to an earlier point) above everything handed out before, fencing every
     process as a flip does. Returns the deployment after a repair (None: no repair) and the
-    pass count to publish."""
+    pass count to publish. Each write is for `by` alone (StalePlan otherwise)."""
     await schema.add_columns(backend, ADDED_COLUMNS)  # a schema from an earlier release
     found = await positions(backend)
-    counted, passes = await count_pass(backend, mark.passes + 1)
+    counted, passes = await count_pass(backend, mark.passes + 1, by)
     targets = rewind_targets(mark, found, dep.epoch, published_epoch, counted, now)
     if not targets:
         return None, passes
-    moved = await advance_timelines(backend, targets, force=True)
-    after = await fence_everyone(backend, above=published_epoch)
+    moved = await advance_timelines(backend, targets, force=True, by=by)
+    after = await fence_everyone(backend, above=published_epoch, by=by)
     metrics.REWINDS.inc()
     said = ", ".join(f"{k} {found.get(k, 0)} -> {r.after}" for k, r in sorted(moved.items()))
     message = (f"the database went back in time (restored?): it counted {counted} operator "
@@ -131,7 +134,8 @@ class Pass:
     ref: str  # namespace/name, for the log
     dep: Deployment  # as the backend last returned it
     flipped: bool = False  # a flip was published (Event posted)
-    # The backend applied a newer generation than this pass's: it stops, doing nothing more.
+    # The backend refused a step's planner (a newer generation applied, or another owner):
+    # the pass stops, doing nothing more.
     stale: bool = False
     bootstrap: dict[str, int] = field(default_factory=dict)  # ... from that flip
     flip_time: str = ""
@@ -146,8 +150,27 @@ async def run(todo: Plan, p: Pass) -> Pass:
         if p.stale:
             break
         if still_due(step, p.dep, p.flipped):
-            await _perform(step, p)
+            try:
+                await _perform(step, p)
+            except StalePlan as exc:
+                p.stale = True
+                log.info("%s: %s not applied, and the pass stops: %s; the next pass plans "
+                         "again", p.ref, _described(step), exc)
     return p
+
+
+def _described(step: Step) -> str:
+    match step:
+        case SetFencing():
+            return f"fencing {step.mode}"
+        case Flip():
+            return f"flip to {step.to}"
+        case FinishRollout():
+            return "end of the rollout window"
+        case StartRolloutClock():
+            return "start of the rollout window's clock"
+        case _:
+            return "pass"
 
 
 async def _perform(step: Step, p: Pass) -> None:
@@ -162,6 +185,8 @@ async def _perform(step: Step, p: Pass) -> None:
             await _publish_flip(step, p)
         case FinishRollout():
             await _finish_rollout(step, p)
+        case StartRolloutClock():
+            await _start_rollout_clock(step, p)
         case ApplyCatalog():
             await _apply_catalog(step, p)
         case RemoveCatalog():
@@ -170,33 +195,22 @@ async def _perform(step: Step, p: Pass) -> None:
             assert_never(step)
 
 
-def _stale(p: Pass, generation: int, what: str) -> None:
-    p.stale = True
-    log.info("%s: %s not applied: this pass read generation %d, and the backend already "
-             "applied generation %d; the next pass acts on the newer one", p.ref, what,
-             generation, p.dep.generation)
-
-
 async def _record_generation(step: RecordGeneration, p: Pass) -> None:
-    p.dep = await record_generation(p.backend, step.generation)
-    if p.dep.generation > step.generation:
-        _stale(p, step.generation, "pass")
+    p.dep = await record_generation(p.backend, step.by)
 
 
 async def _set_fencing(step: SetFencing, p: Pass) -> None:
     before = p.dep.fence
-    p.dep = await set_fencing(p.backend, step.mode, generation=step.generation)
-    if p.dep.generation > step.generation:
-        _stale(p, step.generation, f"fencing {step.mode}")
-    elif p.dep.fence != before:
+    p.dep = await set_fencing(p.backend, step.mode, by=step.by)
+    if p.dep.fence != before:
         log.info("%s: fencing %s -> %s (epoch %d)", p.ref, before, p.dep.fence, p.dep.epoch)
 
 
 async def _flip(step: Flip, p: Pass) -> None:
     log.info("%s: flip started: %s -> %s, epoch %d (generation %d)", p.ref,
-             p.dep.implementation, step.to, p.dep.epoch, step.generation)
+             p.dep.implementation, step.to, p.dep.epoch, step.by.generation)
     t0 = time.perf_counter()
-    flipped = await flip_backend(p.backend, step.to, generation=step.generation)
+    flipped = await flip_backend(p.backend, step.to, by=step.by)
     if flipped.changed:
         took = time.perf_counter() - t0
         metrics.FLIP_SECONDS.observe(took)
@@ -206,9 +220,6 @@ async def _flip(step: Flip, p: Pass) -> None:
                  took * 1000, _bootstrap_text(flipped.bootstrap))
         _published(p, flipped.previous, flipped.implementation, flipped.epoch,
                    flipped.bootstrap)
-    elif flipped.stale:
-        p.dep = await read_deployment(p.backend)
-        _stale(p, step.generation, f"flip to {step.to}")
     else:
         log.info("%s: flip to %s changed nothing: %s is active at epoch %d", p.ref,
                  step.to, flipped.implementation, flipped.epoch)
@@ -225,15 +236,21 @@ async def _publish_flip(step: PublishFlip, p: Pass) -> None:
 
 
 async def _finish_rollout(step: FinishRollout, p: Pass) -> None:
-    p.dep = await finish_rollout(p.backend, generation=step.generation, epoch=step.epoch)
-    if p.dep.generation > step.generation:
-        _stale(p, step.generation, "end of the rollout window")
-    elif p.dep.epoch != step.epoch:
+    p.dep = await finish_rollout(p.backend, by=step.by, epoch=step.epoch)
+    if p.dep.epoch != step.epoch:
         log.info("%s: rollout window of epoch %d not ended: a flip since moved the epoch to "
                  "%d, whose window runs on", p.ref, step.epoch, p.dep.epoch)
     else:
         log.info("%s: rollout window over: only the inactive implementation is fenced now",
                  p.ref)
+
+
+async def _start_rollout_clock(step: StartRolloutClock, p: Pass) -> None:
+    at_ms = int(step.at.timestamp() * 1000)
+    if await start_flip_clock(p.backend, step.epoch, at_ms, step.by):
+        log.info("%s: nothing recorded when the rollout window of epoch %d opened (a schema "
+                 "from an earlier release, or a repair moved the epoch): it runs from now",
+                 p.ref, step.epoch)
 
 
 # The API server's answers that a retry of the same objects will not change.

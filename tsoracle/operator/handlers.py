@@ -23,6 +23,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from tsoracle.errors import ConfigError, OracleError
+from tsoracle.fencing import PlannedBy, StalePlan, read_flip_clock
 from tsoracle.operator import catalog, execute, logs, metrics
 from tsoracle.operator.backends import SharedBackends
 from tsoracle.operator.kube import (
@@ -257,11 +258,19 @@ async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
     outcome.provisioned = True
     now = dt.datetime.now(dt.UTC)
     mark = HighWater.of(seen.old_status)
-    repaired, passes = await execute.guard_rewind(
-        backend, dep, mark, int(seen.old_status.get("epoch") or 0), now, seen.ref, seen.body)
+    try:
+        repaired, passes = await execute.guard_rewind(
+            backend, dep, PlannedBy(dep.owner, seen.generation), mark,
+            int(seen.old_status.get("epoch") or 0), now, seen.ref, seen.body)
+    except StalePlan as exc:
+        log.info("%s: pass stopped before its restore check: %s; the next pass plans again",
+                 seen.ref, exc)
+        outcome.stale = True
+        return
     dep = repaired or dep
     cat = await _observe_catalog(seen, spec, owner, stored, rt.settings.catalog_image)
-    todo = plan(Observation(spec, dep, seen.old_status, seen.generation, now, cat))
+    todo = plan(Observation(spec, dep, seen.old_status, seen.generation, now, cat,
+                            await read_flip_clock(backend)))
     done = await execute.run(todo, execute.Pass(backend, seen.body, seen.ref, dep))
     if todo.stale or done.stale:
         if todo.stale:

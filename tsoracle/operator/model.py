@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tsoracle.errors import ConfigError, OracleError, OracleUnavailable
-from tsoracle.fencing import Deployment
+from tsoracle.fencing import Deployment, FlipClock, PlannedBy
 from tsoracle.operator import catalog
 from tsoracle.operator.ownership import Owner, OwnershipProblem
 from tsoracle.operator.redact import redact
@@ -58,6 +58,17 @@ class Observation:
     now: dt.datetime
     # None: not looked at (spec.catalog disabled, and no catalog published in status).
     catalog: CatalogObservation | None = None
+    # When the database says the current rollout window opened (None: not read).
+    flip_clock: FlipClock | None = None
+
+    @property
+    def by(self) -> PlannedBy:
+        """This pass as the planner of its steps: the deployment it holds is its owner's."""
+        return PlannedBy(self.deployment.owner, self.generation)
+
+
+# Each durable step names its planner (`by`): the backend refuses it for an earlier
+# generation, or for a resource that no longer owns the schema (fencing/planned.py).
 
 
 @dataclass(frozen=True)
@@ -65,23 +76,23 @@ class RecordGeneration:
     """Record the generation this pass acts on, before anything else, even where it changes
     nothing: a pass of an older generation that resumes late is then refused."""
 
-    generation: int
+    by: PlannedBy
 
 
 @dataclass(frozen=True)
 class SetFencing:
-    """Set the fencing mode everywhere; the backend refuses it for an older `generation`."""
+    """Set the fencing mode everywhere."""
 
     mode: str
-    generation: int
+    by: PlannedBy
 
 
 @dataclass(frozen=True)
 class Flip:
-    """Make `to` the active implementation; the backend refuses it for an older `generation`."""
+    """Make `to` the active implementation."""
 
     to: str
-    generation: int
+    by: PlannedBy
 
 
 @dataclass(frozen=True)
@@ -95,10 +106,20 @@ class PublishFlip:
 @dataclass(frozen=True)
 class FinishRollout:
     """The rollout window of the flip to `epoch` has passed: only the inactive implementation
-    stays fenced. Refused for an older `generation`, or once another flip moved the epoch."""
+    stays fenced. Changes nothing once another flip moved the epoch."""
 
-    generation: int
+    by: PlannedBy
     epoch: int
+
+
+@dataclass(frozen=True)
+class StartRolloutClock:
+    """Nothing in the database times the rollout window of `epoch` (a schema from an earlier
+    release, an epoch a restore repair moved): time it from `at` (a whole window from now)."""
+
+    by: PlannedBy
+    epoch: int
+    at: dt.datetime
 
 
 @dataclass(frozen=True)
@@ -118,8 +139,8 @@ class RemoveCatalog:
     service: bool
 
 
-Step = (RecordGeneration | SetFencing | Flip | PublishFlip | FinishRollout | ApplyCatalog
-        | RemoveCatalog)
+Step = (RecordGeneration | SetFencing | Flip | PublishFlip | FinishRollout | StartRolloutClock
+        | ApplyCatalog | RemoveCatalog)
 
 
 @dataclass(frozen=True)
@@ -138,21 +159,22 @@ def plan(obs: Observation) -> Plan:
     spec, dep, status = obs.spec, obs.deployment, obs.status
     if obs.generation < dep.generation:
         return Plan(stale=True)
+    by = obs.by
     steps: list[Step] = []
     if obs.generation > dep.generation:
-        steps.append(RecordGeneration(obs.generation))
+        steps.append(RecordGeneration(by))
     if dep.fence != spec.fencing:
-        steps.append(SetFencing(spec.fencing, obs.generation))
+        steps.append(SetFencing(spec.fencing, by))
     if dep.implementation != spec.implementation:
-        steps.append(Flip(spec.implementation, obs.generation))
+        steps.append(Flip(spec.implementation, by))
     published = int(status.get("epoch") or 0)
     # Flips only ever change the implementation: a newer epoch than the one published, with
     # another implementation than the one published, is a flip nobody reported.
     if published and dep.epoch > published \
             and status.get("activeImplementation") not in (None, dep.implementation):
         steps.append(PublishFlip(published))
-    elif dep.rollout and rollout_over(status, spec, obs.now):
-        steps.append(FinishRollout(obs.generation, dep.epoch))
+    elif dep.rollout:
+        steps += rollout_steps(obs)
     steps += catalog_steps(spec, obs.catalog)
     return Plan(tuple(steps))
 
@@ -206,19 +228,24 @@ def still_due(step: Step, dep: Deployment, flipped: bool) -> bool:
     an unpublished one and the end of a rollout wait for the next pass. Leaving the Rollout
     mode (SetFencing) ends a rollout by itself. A flip whose target is already active (another
     operator or `tsoracle flip` got there while this pass ran) is not done again."""
-    if isinstance(step, (PublishFlip, FinishRollout)) and flipped:
+    if isinstance(step, (PublishFlip, FinishRollout, StartRolloutClock)) and flipped:
         return False
     if isinstance(step, Flip):
         return dep.implementation != step.to
-    return dep.rollout if isinstance(step, FinishRollout) else True
+    return dep.rollout if isinstance(step, (FinishRollout, StartRolloutClock)) else True
 
 
-def rollout_over(old_status: Mapping[str, Any], spec: OracleSpec, now: dt.datetime) -> bool:
-    since = old_status.get("lastFlipTime")
-    if not since:
-        return True
-    flipped = dt.datetime.strptime(since, TIME_FORMAT).replace(tzinfo=dt.UTC)
-    return (now - flipped).total_seconds() >= spec.rollout_window_s
+def rollout_steps(obs: Observation) -> list[Step]:
+    """A rollout in progress ends once its window, timed by the flip the database records
+    (whoever made it: this resource, its predecessor, `tsoracle flip`), has passed. Where
+    nothing records it, the window starts now: fencing longer is safe, ending early is not."""
+    clock, dep = obs.flip_clock, obs.deployment
+    if clock is None or not clock.times(dep):
+        return [StartRolloutClock(obs.by, dep.epoch, obs.now)]
+    opened = dt.datetime.fromtimestamp(clock.at_ms / 1000, dt.UTC)
+    if (obs.now - opened).total_seconds() >= obs.spec.rollout_window_s:
+        return [FinishRollout(obs.by, dep.epoch)]
+    return []
 
 
 # --- Restore safety: the high-water mark kept outside the database ---------------------------
@@ -258,9 +285,9 @@ class HighWater:
         marks, peaks = dict(self.positions), dict(self.peaks)
         for name, at in positions.items():
             before = marks.get(name)
-            # A counter's pace sizes its margin (rewind_targets); a wall-clock timeline needs
-            # none, and its first move, from 0 to the clock, is no pace at all.
-            if before and since > 0 and not parse_timeline(name).wall_clock:
+            # A counter's pace sizes its margin (rewind_targets), from 0 included; a wall-clock
+            # timeline needs none, and its first move, from 0 to the clock, is no pace at all.
+            if before is not None and since > 0 and not parse_timeline(name).wall_clock:
                 peaks[name] = max(peaks.get(name, 0.0), (at - before) / since)
             marks[name] = max(at, before or 0)
         return HighWater(now, marks, peaks, self.passes)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from tsoracle.errors import Arg, ConfigError, UnknownTimeline
-from tsoracle.fencing import lock_deployment
+from tsoracle.fencing import PlannedBy, admit, lock_deployment
 from tsoracle.oracle.api import check_ts, wall_clock_ms
 from tsoracle.oracle.options import DEFAULT_MAX_CLOCK_SKEW_MS
 from tsoracle.oracle.timeline import parse_timeline
@@ -59,8 +59,8 @@ async def advance_timeline(backend: Backend, timeline: str, to: int, *, force: b
 
 
 async def advance_timelines(backend: Backend, targets: Mapping[str, int], *,
-                            force: bool = False,
-                            now: Callable[[], int] | None = None) -> dict[str, AdvanceResult]:
+                            force: bool = False, now: Callable[[], int] | None = None,
+                            by: PlannedBy | None = None) -> dict[str, AdvanceResult]:
     """One transaction, with the deployment locked like a flip: raise write_ts and read_ts of
     every implementation's row of each timeline to its target (GREATEST: forward only; a target
     at or below the timeline's position changes nothing). A jump beyond MAX_COUNTER_JUMP, or on
@@ -79,12 +79,16 @@ async def advance_timelines(backend: Backend, targets: Mapping[str, int], *,
     in the same process they are checked against everything it saw (its reserved window
     included), so a target too low stops it with TimestampFallback instead of a repeat.
     Distributed processes read the rows on every call and need no fencing.
+
+    With `by` (the operator's repair), a deployment that no longer follows that planner raises
+    StalePlan and nothing moves.
     """
     clock = now or wall_clock_ms
     wanted = {parse_timeline(name).name: check_ts(to) for name, to in targets.items()}
 
     async def body(tx: Tx) -> dict[str, AdvanceResult]:
         dep, rows = await lock_deployment(tx)
+        admit(dep, by)
         before: dict[str, int] = {}
         for timeline_value, _impl, read_ts, write_ts in rows:
             name = str(timeline_value)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tsoracle.fencing import check_implementation, lock_deployment
-from tsoracle.store import Backend, Tx
+from tsoracle.fencing import PlannedBy, admit, check_implementation, lock_deployment
+from tsoracle.fencing.tables import ADDED_COLUMNS
+from tsoracle.oracle.api import wall_clock_ms
+from tsoracle.store import Backend, Tx, schema
 
 
 @dataclass(frozen=True)
@@ -20,24 +23,25 @@ class FlipResult:
     # timeline -> the largest applied read frontier: the target's read_ts starts there, not at
     # `bootstrap`, so writes allocated but not applied stay invisible
     read_bootstrap: dict[str, int] = field(default_factory=dict)
-    stale: bool = False  # refused: a newer resource generation was already applied
 
 
-async def flip_backend(backend: Backend, to: str, *, generation: int | None = None) -> FlipResult:
-    """One transaction: bump the epoch, bootstrap `to` above everything, fence the rest.
+async def flip_backend(backend: Backend, to: str, *, by: PlannedBy | None = None,
+                       now: Callable[[], int] = wall_clock_ms) -> FlipResult:
+    """One transaction: bump the epoch, bootstrap `to` above everything, fence the rest, and
+    record the flip's epoch and time (`now`, ms), which time its rollout window.
 
     Every per-timeline row is locked first (`lock_deployment`) so no allocation can slip in
-    between reading the maximum and raising the target to it. `generation` (the operator's
-    resource generation) is recorded with the flip; a flip asked for by an older generation than
-    the one recorded changes nothing (`stale`), so a paused or second operator cannot undo it.
+    between reading the maximum and raising the target to it. With `by` (the operator's pass),
+    a deployment that no longer follows that planner raises StalePlan and changes nothing, so
+    a paused or second operator cannot undo a newer decision; otherwise its generation is
+    recorded with the flip.
     """
     check_implementation(to)
+    await schema.add_columns(backend, ADDED_COLUMNS)  # a schema from an earlier release
 
     async def body(tx: Tx) -> FlipResult:
         dep, rows = await lock_deployment(tx)
-        if generation is not None and generation < dep.generation:
-            return FlipResult(dep.epoch, dep.implementation, dep.implementation, False,
-                              stale=True)
+        admit(dep, by)
         top: dict[str, int] = {}
         read_top: dict[str, int] = {}
         for timeline_value, impl, read_ts, write_ts in rows:
@@ -47,17 +51,17 @@ async def flip_backend(backend: Backend, to: str, *, generation: int | None = No
                 continue  # already there: report the target's own position
             top[timeline] = max(top.get(timeline, 0), read, write)
             read_top[timeline] = max(read_top.get(timeline, 0), read)
-        if generation is not None and generation > dep.generation:
+        if by is not None and by.generation > dep.generation:
             await tx.fetch("UPDATE {deployment} SET generation = %(g)s WHERE id = 1",
-                           {"g": generation})
+                           {"g": by.generation})
         if dep.implementation == to:
             return FlipResult(dep.epoch, to, to, False, top, read_top)
         epoch = dep.epoch + 1
         rollout = dep.fence == "Rollout"
         await tx.fetch(
             "UPDATE {deployment} SET epoch = %(epoch)s, implementation = %(to)s,"
-            " rollout = %(rollout)s WHERE id = 1",
-            {"epoch": epoch, "to": to, "rollout": rollout},
+            " rollout = %(rollout)s, flip_epoch = %(epoch)s, flipped_ms = %(at)s WHERE id = 1",
+            {"epoch": epoch, "to": to, "rollout": rollout, "at": now()},
         )
         for timeline, value in top.items():
             await tx.fetch(

@@ -1,0 +1,105 @@
+"""Issue 34's operator corners: owners on every guard, the restore margin measured from 0, the
+rollout window timed by the database's own flip record. Real SQLite and PostgreSQL backends;
+the decisions themselves are pure (tests/test_operator_model.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+
+from tsoracle.fencing import read_deployment
+from tsoracle.operator import execute
+from tsoracle.operator.model import HighWater, Observation, plan, rewind_targets
+from tsoracle.operator.ownership import Owner
+from tsoracle.oracle.connect import admin_backend
+from tsoracle.oracle.provision import release
+from tsoracle.resource import parse_spec
+
+OLD = Owner("ns", "orders", "uid-old")
+NEW = Owner("ns", "orders", "uid-new")
+REF = "ns/orders"
+NOW = dt.datetime(2026, 11, 27, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def spec(implementation: str, fencing: str = "Always", window: int = 30) -> object:
+    return parse_spec({"backend": {"urlSecretRef": {"name": "db"}},
+                       "implementation": implementation, "fencing": fencing,
+                       "rolloutWindowSeconds": window})
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    posted: list[tuple[str, str]] = []
+    monkeypatch.setattr(execute.kopf, "info",
+                        lambda body, *, reason, message: posted.append((reason, message)))
+    return posted
+
+
+async def _pass(backend, owner: Owner, implementation: str, generation: int,
+                status: dict, fencing: str = "Always") -> object:
+    dep = await read_deployment(backend)
+    return plan(Observation(spec(implementation, fencing), dep, status, generation, NOW))
+
+
+async def _run(backend, todo) -> execute.Pass:  # type: ignore[no-untyped-def]
+    dep = await read_deployment(backend)
+    return await execute.run(todo, execute.Pass(backend, {}, REF, dep))
+
+
+@pytest.mark.parametrize("backend_kind", ["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
+def test_a_paused_pass_of_a_deleted_resource_changes_nothing_after_adoption(
+        backend_kind, request, events):
+    """Defect 1: the old resource's generation-7 pass plans a flip to legacy and pauses; the
+    resource is deleted (Retain) and re-created; the new one adopts at generation 1. The old
+    pass resumes: it must change nothing, and the new owner is not stuck."""
+    url = request.getfixturevalue("sqlite_url" if backend_kind == "sqlite" else "pg_url")
+
+    async def go() -> None:
+        async with admin_backend(url, create=True) as backend:
+            await execute.hold(backend, spec("distributed"), OLD, {}, REF)
+            await _run(backend, await _pass(backend, OLD, "distributed", 6, {}))
+            status = {"epoch": 1, "activeImplementation": "distributed"}
+            paused = await _pass(backend, OLD, "legacy", 7, status)
+            await release(backend, OLD.tag)  # deleted, deletionPolicy Retain
+            await execute.hold(backend, spec("distributed"), NEW, {}, REF)  # adopted
+            await _run(backend, await _pass(backend, NEW, "distributed", 1, {}))
+            resumed = await _run(backend, paused)
+            dep = await read_deployment(backend)
+            assert (dep.implementation, dep.epoch, dep.owner) == ("distributed", 1, NEW.tag)
+            assert resumed.stale and not resumed.flipped
+            # The new owner's next generation acts at once.
+            done = await _run(backend, await _pass(backend, NEW, "legacy", 2, status))
+            assert done.flipped and not done.stale
+
+    asyncio.run(go())
+    assert [r for r, _ in events] == ["Flipped"]
+
+
+def test_a_counters_pace_is_measured_from_zero():
+    """Defect 4: 0 -> 1,000,000 in 10 s is a pace of 100,000/s, and a restore caught at the
+    next pass is moved above what writers could have reached since."""
+    mark = HighWater().after({"counter:c": 0}, NOW)
+    mark = mark.after({"counter:c": 1_000_000}, NOW + dt.timedelta(seconds=10))
+    assert mark.peaks == {"counter:c": 100_000.0}
+    later = NOW + dt.timedelta(seconds=19)
+    target = rewind_targets(mark, {"counter:c": 0}, 1, 1, 0, later)["counter:c"]
+    assert target >= 1_900_000
+
+
+def test_a_resource_adopting_mid_rollout_keeps_the_window_open(sqlite_url, events):
+    """Defect 5: a flip opened a rollout window a moment ago; a resource that adopts the
+    schema (empty status) must not end the window at once."""
+
+    async def go() -> None:
+        async with admin_backend(sqlite_url, create=True) as backend:
+            await execute.hold(backend, spec("distributed", "Rollout"), OLD, {}, REF)
+            await _run(backend, await _pass(backend, OLD, "legacy", 2, {}, "Rollout"))
+            assert (await read_deployment(backend)).rollout
+            await release(backend, OLD.tag)
+            await execute.hold(backend, spec("legacy", "Rollout"), NEW, {}, REF)
+            await _run(backend, await _pass(backend, NEW, "legacy", 1, {}, "Rollout"))
+            assert (await read_deployment(backend)).rollout, "the window ended at once"
+
+    asyncio.run(go())

@@ -22,7 +22,7 @@ import tsoracle
 from tsoracle.fencing import read_deployment
 from tsoracle.operator import execute
 from tsoracle.operator import kube as operator_kube
-from tsoracle.operator.model import Observation, plan
+from tsoracle.operator.model import Observation, plan, status_expectations
 from tsoracle.operator.ownership import Owner
 from tsoracle.oracle.connect import admin_backend
 from tsoracle.resource import parse_spec
@@ -170,16 +170,28 @@ def test_a_late_status_patch_never_moves_the_status_back(kube, chart, monkeypatc
     api = config.new_client_from_config(str(chart.kubeconfig))  # the operator's own account
     monkeypatch.setattr(operator_kube, "api_client", lambda: api)
 
+    def resource() -> dict:
+        return json.loads(kube.kubectl("-n", ns, "get", "tso", name, "-o", "json").stdout)
+
     async def go() -> None:
+        # Issue 34: two passes read a resource with no status at all (new, or written by an
+        # earlier release); the first publishes, the late one must not overwrite it.
+        empty = resource()["metadata"]["resourceVersion"]
+        first = {"observedGeneration": 1, "epoch": 3, "fencing": "Always"}
+        assert await operator_kube.patch_status(
+            ns, name, first, expect=status_expectations({}, empty))
+        assert not await operator_kube.patch_status(
+            ns, name, {"observedGeneration": 1, "epoch": 2, "fencing": "Rollout"},
+            expect=status_expectations({}, empty))
         read = {"observedGeneration": 1, "epoch": 3}
-        assert await operator_kube.patch_status(ns, name, {**read, "fencing": "Always"})
         newer = {"observedGeneration": 1, "epoch": 4, "fencing": "Always"}
-        assert await operator_kube.patch_status(ns, name, newer, expect=read,
+        expect = {f"/status/{k}": v for k, v in read.items()}
+        assert await operator_kube.patch_status(ns, name, newer, expect=expect,
                                                 present=tuple(read))
         late = {"observedGeneration": 1, "epoch": 3, "fencing": "Rollout", "catalog": None}
-        assert not await operator_kube.patch_status(ns, name, late, expect=read,
+        assert not await operator_kube.patch_status(ns, name, late, expect=expect,
                                                     present=tuple(read))
 
     asyncio.run(go())
-    got = json.loads(kube.kubectl("-n", ns, "get", "tso", name, "-o", "json").stdout)["status"]
+    got = resource()["status"]
     assert (got["epoch"], got["fencing"]) == (4, "Always")

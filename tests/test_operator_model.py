@@ -28,6 +28,7 @@ from tsoracle.operator.model import (
     plan,
     published_degraded_reason,
     rewind_targets,
+    status_expectations,
     status_patch,
     still_due,
 )
@@ -312,3 +313,13 @@ def test_no_pace_is_measured_for_the_wall_clock_or_from_no_mark():
     mark = mark.after({"EpochMilliseconds": 1_795_000_001_000, "counter:c": 150},
                       NOW + dt.timedelta(seconds=2))
     assert mark.peaks == {"counter:c": 100.0}
+
+
+def test_a_status_patch_is_always_guarded():
+    full = {"observedGeneration": 2, "epoch": 3, "highWater": {"passes": 4}, "fencing": "Always"}
+    assert status_expectations(full, "77") == {
+        "/status/observedGeneration": 2, "/status/epoch": 3, "/status/highWater": {"passes": 4}}
+    # A field found missing cannot be tested as absent: the resourceVersion is tested instead.
+    assert status_expectations({"epoch": 3}, "77") == {"/status/epoch": 3,
+                                                       "/metadata/resourceVersion": "77"}
+    assert status_expectations({}, "77") == {"/metadata/resourceVersion": "77"}

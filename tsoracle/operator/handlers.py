@@ -211,13 +211,14 @@ class _Reading:
     body: kopf.Body
     generation: int
     old_status: dict[str, Any]
+    resource_version: str
     spec: OracleSpec | None = None
     url: str | None = None
 
     @classmethod
     def of(cls, namespace: str, name: str, body: kopf.Body) -> _Reading:
         return cls(namespace, name, body, int(body.meta.get("generation") or 0),
-                   dict(body.get("status") or {}))
+                   dict(body.get("status") or {}), str(body.meta.get("resourceVersion") or ""))
 
     @property
     def ref(self) -> str:
@@ -324,7 +325,8 @@ async def _publish(seen: _Reading, outcome: Outcome, story: logs.Story) -> bool:
     applied = await patch_status(
         seen.namespace, seen.name,
         status_patch(outcome, seen.spec, seen.old_status, seen.generation, execute.now_text()),
-        expect=status_expectations(seen.old_status), present=tuple(seen.old_status))
+        expect=status_expectations(seen.old_status, seen.resource_version),
+        present=tuple(seen.old_status))
     if not applied:
         log.info("%s: status not published: another pass published since this one read "
                  "it; the next pass reads the newer one", seen.ref)
@@ -445,6 +447,8 @@ async def _deletion_blocked(namespace: str, name: str, body: kopf.Body, memo: ko
         kopf.warn(body, reason="DeletionBlocked", message=message)
     metrics.FAILURES.labels("DeletionBlocked").inc()
     outcome = Outcome(degraded_reason="DeletionBlocked", degraded_message=message)
+    read = dict(body.get("status") or {})
     await patch_status(namespace, name, status_patch(
-        outcome, None, dict(body.get("status") or {}), int(body.meta.get("generation") or 0),
-        execute.now_text()))
+        outcome, None, read, int(body.meta.get("generation") or 0), execute.now_text()),
+        expect=status_expectations(read, str(body.meta.get("resourceVersion") or "")),
+        present=tuple(read))

@@ -264,16 +264,19 @@ async def patch_status(namespace: str, name: str, status: dict[str, Any], *,
                        present: Collection[str] = ()) -> bool:
     """Patch the resource's status; a key set to None is removed.
 
-    With `expect` (status fields and the values the pass read; `present`: the keys its status
-    had), the API server applies the patch only while each field still holds its value, in
-    the same request (a JSON Patch `test`), so a late pass never moves the status back.
-    Returns False when the patch was not applied: a field moved, or the resource is gone."""
+    With `expect` (JSON pointers into the resource and the values the pass read, see
+    `model.status_expectations`; `present`: the keys its status had), the API server applies
+    the patch only while each still holds its value, in the same request (a JSON Patch
+    `test`), so a late pass never moves the status back. Returns False when the patch was not
+    applied: a value moved, or the resource is gone."""
     api = client.CustomObjectsApi(api_client())
     body: Any = {"status": status}
     kind = None
     if expect:
         kind = "application/json-patch+json"
-        body = [{"op": "test", "path": f"/status/{k}", "value": v} for k, v in expect.items()]
+        body = [{"op": "test", "path": path, "value": v} for path, v in expect.items()]
+        if not present:  # a resource with no status yet: `add` needs the object there
+            body.append({"op": "add", "path": "/status", "value": {}})
         for k, v in status.items():
             if v is not None:
                 body.append({"op": "add", "path": f"/status/{k}", "value": v})

@@ -482,9 +482,18 @@ def status_patch(outcome: Outcome, spec: OracleSpec | None, old_status: Mapping[
 GUARDED_STATUS = ("observedGeneration", "epoch", "highWater")
 
 
-def status_expectations(old_status: Mapping[str, Any]) -> dict[str, Any]:
-    """What `kube.patch_status` tests before it applies a pass's patch."""
-    return {k: old_status[k] for k in GUARDED_STATUS if k in old_status}
+def status_expectations(old_status: Mapping[str, Any], resource_version: str) -> dict[str, Any]:
+    """What `kube.patch_status` tests (JSON pointer -> value) before it applies a pass's patch.
+
+    A JSON Patch cannot test that a field is absent, so where the pass found one missing (a
+    new resource, a status written by an earlier release) it tests the resource's
+    resourceVersion instead: any change since the pass read it refuses the patch, and the
+    next pass publishes from a fresh read."""
+    tests: dict[str, Any] = {f"/status/{k}": old_status[k] for k in GUARDED_STATUS
+                             if k in old_status}
+    if len(tests) < len(GUARDED_STATUS):
+        tests["/metadata/resourceVersion"] = resource_version
+    return tests
 
 
 def conditions(o: Outcome, spec: OracleSpec | None) -> list[Condition]:

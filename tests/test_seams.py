@@ -121,3 +121,27 @@ def test_the_docs_name_every_metric_and_degraded_reason():
         | set(re.findall(r'"(\w+)" if url is not None else "(\w+)"', sources)[0])
     assert len(reasons) >= 9
     assert sorted(r for r in reasons if f"`{r}`" not in runbook) == []
+
+
+def _functions(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    tree = ast.parse(path.read_text())
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def test_the_operator_is_made_of_short_functions():
+    """Issue 34: every decision is a small pure function in model.py; nothing in
+    tsoracle/operator/ grows past 40 lines."""
+    long = [(f"{path.name}:{fn.name}", fn.end_lineno - fn.lineno + 1)
+            for path in sorted((PACKAGE / "operator").glob("*.py")) for fn in _functions(path)
+            if fn.end_lineno is not None and fn.end_lineno - fn.lineno + 1 > 40]
+    assert long == []
+
+
+def test_the_handlers_branch_on_no_spec_or_status_field():
+    """Decisions on what a resource says live in model.py (unit-tested without an API
+    server); the handlers read, call and carry out."""
+    source = (PACKAGE / "operator" / "handlers.py").read_text()
+    tests = [ast.unparse(n.test) for n in ast.walk(ast.parse(source))
+             if isinstance(n, ast.If | ast.IfExp | ast.While)]
+    deciding = [t for t in tests if re.search(r"\bspec\.\w|status\.get|status\[", t)]
+    assert deciding == []

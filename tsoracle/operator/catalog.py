@@ -17,7 +17,7 @@ from typing import Any
 
 from tsoracle.errors import ConfigError
 from tsoracle.operator.ownership import Owner
-from tsoracle.resource import GROUP, KIND, VERSION, OracleSpec
+from tsoracle.resource import GROUP, KIND, VERSION, CatalogSpec, OracleSpec
 from tsoracle.store import parse_url, url_with_schema
 
 HTTP_PORT = 8181
@@ -91,10 +91,26 @@ def desired(spec: OracleSpec, owner: Owner, image: str, suffix: str) -> Desired:
     """The Deployment and Service of `spec.catalog` (which must be enabled)."""
     catalog = spec.catalog
     assert catalog is not None
-    name = name_of(owner)
-    meta_labels = {**labels(owner), "app.kubernetes.io/component": "catalog",
-                   "app.kubernetes.io/part-of": "tsoracle",
-                   "app.kubernetes.io/managed-by": FIELD_MANAGER}
+    meta_labels = _meta_labels(owner)
+    volumes, mounts = _volumes(catalog)
+    container = _container(spec, catalog, image, suffix, mounts)
+    deployment = _deployment(owner, meta_labels, catalog.replicas, container, volumes)
+    service = _service(owner, meta_labels)
+    digest = hashlib.sha256(json.dumps([deployment, service], sort_keys=True).encode())
+    for obj in (deployment, service):
+        obj["metadata"]["annotations"] = {DIGEST_ANNOTATION: digest.hexdigest()[:16]}
+    return Desired(deployment, service, digest.hexdigest()[:16])
+
+
+def _meta_labels(owner: Owner) -> dict[str, str]:
+    """The labels of the Deployment, its pods and the Service: labels(owner), and more."""
+    return {**labels(owner), "app.kubernetes.io/component": "catalog",
+            "app.kubernetes.io/part-of": "tsoracle",
+            "app.kubernetes.io/managed-by": FIELD_MANAGER}
+
+
+def _args(catalog: CatalogSpec) -> list[str]:
+    """The container's arguments: `tsoracle catalog serve` and its options."""
     args = ["catalog", "serve", "--warehouse", catalog.warehouse, "--host", "0.0.0.0",
             "--port", str(HTTP_PORT), "--metrics-port", str(METRICS_PORT),
             "--timeline", catalog.timeline]
@@ -104,10 +120,17 @@ def desired(spec: OracleSpec, owner: Owner, image: str, suffix: str) -> Desired:
         # Only when set: a resource without it keeps its Deployment (and digest) as it was, so
         # an operator upgrade rolls no pods; a new value is a new pod template, and they roll.
         args += ["--retention", seconds_arg(catalog.retention_s)]
+    if catalog.token_secret:
+        args += ["--token-file", f"{TOKEN_DIR}/token"]  # mounted by _volumes
+    return args
+
+
+def _volumes(catalog: CatalogSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and the container's mounts of them: a scratch /tmp, the token
+    Secret (when there is one) and the warehouse directory (a file:// warehouse's)."""
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     if catalog.token_secret:
-        args += ["--token-file", f"{TOKEN_DIR}/token"]
         volumes.append({"name": "token", "secret": {
             "secretName": catalog.token_secret, "defaultMode": 0o440,
             "items": [{"key": catalog.token_key, "path": "token"}]}})
@@ -118,15 +141,26 @@ def desired(spec: OracleSpec, owner: Owner, image: str, suffix: str) -> Desired:
                   {"persistentVolumeClaim": {"claimName": catalog.volume.claim_name}})
         volumes.append({"name": "warehouse", **source})
         mounts.append({"name": "warehouse", "mountPath": catalog.warehouse_path})
-    container = {
-        "name": "catalog", "image": image, "args": args,
-        "env": [
-            {"name": SECRET_ENV, "valueFrom": {"secretKeyRef": {
-                "name": spec.secret_name, "key": spec.secret_key}}},
-            {"name": URL_ENV, "value": f"$({SECRET_ENV}){suffix}"},
-            # libpq names the sessions: a DBA tells the catalog's from the operator's.
-            {"name": "PGAPPNAME", "value": APP_NAME},
-        ],
+    return volumes, mounts
+
+
+def _env(spec: OracleSpec, suffix: str) -> list[dict[str, Any]]:
+    """The container's environment: the backend URL from the resource's Secret, and
+    URL_ENV, that URL with `suffix` appended by Kubernetes' `$(VAR)` expansion."""
+    return [
+        {"name": SECRET_ENV, "valueFrom": {"secretKeyRef": {
+            "name": spec.secret_name, "key": spec.secret_key}}},
+        {"name": URL_ENV, "value": f"$({SECRET_ENV}){suffix}"},
+        # libpq names the sessions: a DBA tells the catalog's from the operator's.
+        {"name": "PGAPPNAME", "value": APP_NAME},
+    ]
+
+
+def _container(spec: OracleSpec, catalog: CatalogSpec, image: str, suffix: str,
+               mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod's one container, running `tsoracle catalog serve` from `image`."""
+    container: dict[str, Any] = {
+        "name": "catalog", "image": image, "args": _args(catalog), "env": _env(spec, suffix),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         # Ready only while the database answers and the replica may take timestamps (on
@@ -146,38 +180,51 @@ def desired(spec: OracleSpec, owner: Owner, image: str, suffix: str) -> Desired:
         container["envFrom"] = [{"secretRef": {"name": catalog.credentials_secret}}]
     if catalog.resources:
         container["resources"] = {k: dict(v) for k, v in catalog.resources.items()}
-    deployment: dict[str, Any] = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": _metadata(name, owner, meta_labels),
+    return container
+
+
+def _pod_template(meta_labels: dict[str, str], container: dict[str, Any],
+                  volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Deployment's pod template (no digest annotation: a new digest alone restarts no
+    pod)."""
+    return {
+        "metadata": {"labels": meta_labels},
         "spec": {
-            "replicas": catalog.replicas,
-            "selector": {"matchLabels": labels(owner)},
-            "template": {
-                "metadata": {"labels": meta_labels},
-                "spec": {
-                    "automountServiceAccountToken": False,  # it never calls the API server
-                    "enableServiceLinks": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": UID,
-                                        "runAsGroup": UID, "fsGroup": UID,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
+            "automountServiceAccountToken": False,  # it never calls the API server
+            "enableServiceLinks": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": UID,
+                                "runAsGroup": UID, "fsGroup": UID,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [container],
+            "volumes": volumes,
         },
     }
-    service: dict[str, Any] = {
+
+
+def _deployment(owner: Owner, meta_labels: dict[str, str], replicas: int,
+                container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Deployment, without its digest annotation (desired adds it)."""
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _metadata(name_of(owner), owner, meta_labels),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels(owner)},
+            "template": _pod_template(meta_labels, container, volumes),
+        },
+    }
+
+
+def _service(owner: Owner, meta_labels: dict[str, str]) -> dict[str, Any]:
+    """The Service in front of the pods, without its digest annotation (desired adds it)."""
+    return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": _metadata(name, owner, meta_labels),
+        "metadata": _metadata(name_of(owner), owner, meta_labels),
         "spec": {"selector": labels(owner), "ports": [
             {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
             {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics",
              "protocol": "TCP"}]},
     }
-    digest = hashlib.sha256(json.dumps([deployment, service], sort_keys=True).encode())
-    for obj in (deployment, service):
-        obj["metadata"]["annotations"] = {DIGEST_ANNOTATION: digest.hexdigest()[:16]}
-    return Desired(deployment, service, digest.hexdigest()[:16])
 
 
 def _metadata(name: str, owner: Owner, meta_labels: dict[str, str]) -> dict[str, Any]:

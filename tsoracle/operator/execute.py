@@ -32,9 +32,12 @@ from tsoracle.operator.logs import describe_api_error
 from tsoracle.operator.model import (
     TIME_FORMAT,
     ApplyCatalog,
+    DeletionFailure,
+    DeletionStart,
     FinishRollout,
     Flip,
     HighWater,
+    Outcome,
     Plan,
     PublishFlip,
     RecordGeneration,
@@ -42,14 +45,26 @@ from tsoracle.operator.model import (
     SetFencing,
     StartRolloutClock,
     Step,
+    adoptable_from,
+    adoption_note,
+    deletion_step,
     needs_provisioning,
     rewind_targets,
+    status_expectations,
+    status_patch,
     still_due,
+    warns_at,
 )
 from tsoracle.operator.ownership import Owner, check_ownership
 from tsoracle.oracle.advance import advance_timelines, positions
 from tsoracle.oracle.flip import flip_backend
-from tsoracle.oracle.provision import claim, find_deployment, provision
+from tsoracle.oracle.provision import (
+    claim,
+    drop_deployment,
+    find_deployment,
+    provision,
+    release,
+)
 from tsoracle.resource import OracleSpec
 from tsoracle.store import Backend, schema
 
@@ -69,10 +84,11 @@ async def hold(backend: Backend, spec: OracleSpec, owner: Owner, old_status: dic
     A schema still owned by a resource that no longer exists (`owner_exists` says so: it was
     deleted while its database could not be reached) is adopted like one nobody owns."""
     found = await find_deployment(backend)
-    orphaned = ""
-    if found is not None and found.owner and found.owner != owner.tag \
-            and owner_exists is not None and not await owner_exists(found.owner):
-        orphaned, found = found.owner, replace(found, owner="")
+    orphaned = adoptable_from(found, owner)
+    if orphaned and owner_exists is not None and not await owner_exists(orphaned):
+        found = replace(found, owner="") if found is not None else None
+    else:
+        orphaned = ""
     check_ownership(found, owner, spec.schema, old_status)
     has_timelines = found is not None and await _has_timelines(backend, spec.timelines)
     if needs_provisioning(found, has_timelines):
@@ -84,13 +100,10 @@ async def hold(backend: Backend, spec: OracleSpec, owner: Owner, old_status: dic
                      made.deployment.epoch, ", ".join(made.created) or "none")
     dep = await claim(backend, owner.tag, previous=orphaned)
     check_ownership(dep, owner, spec.schema, {})  # another resource seeded it first
-    if orphaned:
-        log.info("%s: adopted schema %r from TimestampOracle %s, which no longer exists: "
-                 "implementation %s, epoch %d", ref, spec.schema,
-                 "/".join(orphaned.split("/")[:2]), dep.implementation, dep.epoch)
-    elif found is not None and not found.owner:
-        log.info("%s: adopted schema %r (nobody owned it): implementation %s, epoch %d",
-                 ref, spec.schema, dep.implementation, dep.epoch)
+    note = adoption_note(found, orphaned)
+    if note:
+        log.info("%s: adopted schema %r %s: implementation %s, epoch %d", ref, spec.schema,
+                 note, dep.implementation, dep.epoch)
     return dep
 
 
@@ -287,3 +300,74 @@ def _published(p: Pass, previous: str, to: str, epoch: int, bootstrap: dict[str,
 
 def _bootstrap_text(bootstrap: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(bootstrap.items()))
+
+
+# --- Deletion (model.deletion_start, deletion_step, deletion_failure decide) -----------------
+
+
+def deletion_over(body: kopf.Body, ref: str, start: DeletionStart) -> None:
+    """A deletion over before it reached the database."""
+    if start.warned:
+        log.warning("%s: deleted; %s", ref, start.said)
+        kopf.warn(body, reason="DeletionSkipped", message=start.said)
+    else:
+        log.info("%s: %s", ref, start.said)
+
+
+async def drop_or_release(backend: Backend, start: DeletionStart, owner: Owner,
+                          body: kopf.Body, ref: str) -> None:
+    """What deletionPolicy asks, to the deployment in the schema, if this resource owns it."""
+    assert start.spec is not None
+    schema_name = start.spec.schema
+    found = await find_deployment(backend)
+    step = deletion_step(found, owner, start.what)
+    if step.action in ("finish", "drop"):
+        gone = await drop_deployment(backend)
+        also = " and the schema" if gone else ""
+        if found is None:
+            log.info("%s: deleted; schema %r holds no tsoracle deployment; dropped what was "
+                     "left of tsoracle's tables%s", ref, schema_name, also)
+            return
+        log.info("%s: deleted; dropped tsoracle's tables in schema %r%s (deletionPolicy "
+                 "Delete, epoch %d)", ref, schema_name, also, found.epoch)
+        kopf.info(body, reason="Dropped",
+                  message=f"dropped tsoracle's tables in schema {schema_name!r}")
+    elif step.action == "release" and found is not None:
+        await release(backend, owner.tag)
+        log.info("%s: deleted; retained schema %r at epoch %d, ownership released "
+                 "(deletionPolicy Retain)", ref, schema_name, found.epoch)
+    elif step.action == "foreign":
+        log.warning("%s: deletion skipped: schema %r belongs to TimestampOracle %s; "
+                    "nothing was dropped or released", ref, schema_name, step.other)
+        kopf.warn(body, reason="DeletionSkipped",
+                  message=f"schema {schema_name!r} belongs to another TimestampOracle; "
+                          "nothing was dropped or released")
+    else:
+        log.info("%s: deleted; schema %r holds no tsoracle deployment, nothing to %s",
+                 ref, schema_name, start.what)
+
+
+async def deletion_failed(failure: DeletionFailure, namespace: str, name: str,
+                          body: kopf.Body, memo: kopf.Memo, retry: int) -> None:
+    """Tell a deletion that could not reach or change its schema. A blocked one: the log
+    once, a Warning Event at a backoff (`warns_at`), the failure metric and status every
+    attempt."""
+    ref = f"{namespace}/{name}"
+    if not failure.blocked:
+        log.log(logging.WARNING if failure.warned else logging.INFO, "%s: %s%s", ref,
+                failure.prefix, failure.message)
+        if failure.warned:
+            kopf.warn(body, reason="DeletionSkipped", message=failure.message)
+        return
+    if memo.get("deletion_blocked") != failure.message:  # once, not every retry
+        log.warning("%s: %s%s", ref, failure.prefix, failure.message)
+        memo["deletion_blocked"] = failure.message
+    if warns_at(retry):
+        kopf.warn(body, reason="DeletionBlocked", message=failure.message)
+    metrics.FAILURES.labels("DeletionBlocked").inc()
+    outcome = Outcome(degraded_reason="DeletionBlocked", degraded_message=failure.message)
+    read = dict(body.get("status") or {})
+    await kube.patch_status(namespace, name, status_patch(
+        outcome, None, read, int(body.meta.get("generation") or 0), now_text()),
+        expect=status_expectations(read, str(body.meta.get("resourceVersion") or "")),
+        present=tuple(read))

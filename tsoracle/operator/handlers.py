@@ -22,7 +22,7 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from tsoracle.errors import ConfigError, OracleError
+from tsoracle.errors import OracleError
 from tsoracle.fencing import PlannedBy, StalePlan, read_flip_clock
 from tsoracle.operator import catalog, execute, logs, metrics
 from tsoracle.operator.backends import SharedBackends
@@ -37,29 +37,31 @@ from tsoracle.operator.kube import (
 )
 from tsoracle.operator.lease import LeaderLease
 from tsoracle.operator.model import (
-    WARNED_CATALOG_REASONS,
-    WARNED_REASONS,
     CatalogObservation,
     HighWater,
     Observation,
     Outcome,
     catalog_outcome,
+    catalog_watched,
     degraded,
+    deletion_failure,
+    deletion_start,
+    next_pass_in,
+    pass_result,
     plan,
-    published_catalog_reason,
     published_degraded_reason,
+    published_epoch,
     status_expectations,
     status_patch,
+    token_to_check,
+    warnings,
 )
 from tsoracle.operator.ownership import Owner
-from tsoracle.operator.redact import redact
 from tsoracle.operator.settings import OperatorSettings, from_environment
 from tsoracle.oracle.advance import positions
 from tsoracle.oracle.api import wall_clock_ms
-from tsoracle.oracle.provision import drop_deployment, find_deployment, release
 from tsoracle.oracle.status import read_status
 from tsoracle.resource import GROUP, PLURAL, VERSION, OracleSpec, parse_spec, resource_url
-from tsoracle.store import Backend
 
 log = logging.getLogger("tsoracle.operator")
 # The next pass after a stale one: kopf's copy of the resource catches up through its watch.
@@ -235,20 +237,20 @@ async def reconcile_once(name: str, namespace: str, body: kopf.Body, rt: Runtime
     outcome = Outcome()
     try:
         await _act(seen, rt, outcome)
+    except StalePlan as exc:
+        log.info("%s: pass stopped: %s; the next pass plans again", seen.ref, exc)
+        outcome.stale = True
     except OracleError as exc:
         outcome.degraded_reason, outcome.degraded_message = degraded(exc, seen.url)
     published = not outcome.stale and await _publish(seen, outcome, story)
-    metrics.RECONCILES.labels("degraded" if outcome.degraded_reason
-                              else "ok" if published else "stale").inc()
+    metrics.RECONCILES.labels(pass_result(outcome, published)).inc()
     metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
-    if not published:
-        return STALE_RETRY_S
-    if outcome.degraded_reason or seen.spec is None:
-        return rt.settings.retry_s
-    return float(seen.spec.refresh_s)
+    return next_pass_in(outcome, published, seen.spec, rt.settings.retry_s, STALE_RETRY_S)
 
 
 async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
+    """Read, plan, carry out; what the pass learned goes into `outcome`. StalePlan: a guard
+    found this pass out of date."""
     seen.spec = spec = parse_spec(seen.body.get("spec") or {})
     stored = await read_secret_text(seen.namespace, spec.secret_name, spec.secret_key)
     seen.url = stored.strip()
@@ -259,32 +261,21 @@ async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
     outcome.provisioned = True
     now = dt.datetime.now(dt.UTC)
     mark = HighWater.of(seen.old_status)
-    try:
-        repaired, passes = await execute.guard_rewind(
-            backend, dep, PlannedBy(dep.owner, seen.generation), mark,
-            int(seen.old_status.get("epoch") or 0), now, seen.ref, seen.body)
-    except StalePlan as exc:
-        log.info("%s: pass stopped before its restore check: %s; the next pass plans again",
-                 seen.ref, exc)
-        outcome.stale = True
-        return
+    repaired, passes = await execute.guard_rewind(
+        backend, dep, PlannedBy(dep.owner, seen.generation), mark,
+        published_epoch(seen.old_status), now, seen.ref, seen.body)
     dep = repaired or dep
     cat = await _observe_catalog(seen, spec, owner, stored, rt.settings.catalog_image)
     todo = plan(Observation(spec, dep, seen.old_status, seen.generation, now, cat,
                             await read_flip_clock(backend)))
     done = await execute.run(todo, execute.Pass(backend, seen.body, seen.ref, dep))
     if todo.stale or done.stale:
-        if todo.stale:
-            log.info("%s: pass skipped: it read generation %d, and the backend already applied "
-                     "generation %d; the next pass acts on the newer one", seen.ref,
-                     seen.generation, dep.generation)
         outcome.stale = True
         return
     outcome.bootstrap, outcome.flip_time = done.bootstrap, done.flip_time
     outcome.status = await read_status(backend, wall_clock_ms)
-    found = await positions(backend)
-    outcome.high_water = (mark.restarted(found, now) if repaired
-                          else mark.after(found, now)).counted(passes)
+    outcome.high_water = mark.next(await positions(backend), now, repaired=repaired is not None,
+                                   passes=passes)
     outcome.rollout = outcome.status.deployment.rollout
     outcome.catalog = catalog_outcome(spec, cat, done.catalog_applied, done.catalog_rejected,
                                       outcome.status.deployment.implementation)
@@ -292,15 +283,13 @@ async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
 
 async def _observe_catalog(seen: _Reading, spec: OracleSpec, owner: Owner, stored: str,
                            image: str) -> CatalogObservation | None:
-    """What the plan needs of the catalog; None when there is none to look at (disabled, and
-    none published: resources without a catalog cost no extra request)."""
-    if spec.catalog is None and "catalog" not in seen.old_status:
+    """What the plan needs of the catalog; None when there is none to look at
+    (`model.catalog_watched`)."""
+    if not catalog_watched(spec, seen.old_status):
         return None
     found = await read_catalog(seen.namespace, catalog.name_of(owner))
-    problem = None
-    if spec.catalog is not None and spec.catalog.token_secret:
-        problem = await token_problem(seen.namespace, spec.catalog.token_secret,
-                                      spec.catalog.token_key)
+    token = token_to_check(spec)
+    problem = await token_problem(seen.namespace, *token) if token is not None else None
     return CatalogObservation(owner, found, image, catalog.url_suffix(stored, spec.schema),
                               problem)
 
@@ -309,18 +298,12 @@ async def _publish(seen: _Reading, outcome: Outcome, story: logs.Story) -> bool:
     """Tell the outcome: the log (once per change), metrics, a Warning Event for a reason a
     person must act on, and status. Returns False when the status moved since the pass read
     it (another pass published): this pass's view is older, and is not published."""
-    before = published_degraded_reason(seen.old_status)
-    reason = outcome.degraded_reason
-    story.degraded_now(log, reason, outcome.degraded_message, before)
-    if reason:
-        metrics.FAILURES.labels(reason).inc()
-        if reason in WARNED_REASONS and before != reason:
-            kopf.warn(seen.body, reason=reason, message=outcome.degraded_message)
-    if outcome.catalog is not None and outcome.catalog.condition is not None:
-        said = outcome.catalog.condition
-        if said.reason in WARNED_CATALOG_REASONS \
-                and published_catalog_reason(seen.old_status) != said.reason:
-            kopf.warn(seen.body, reason=said.reason, message=said.message)
+    story.degraded_now(log, outcome.degraded_reason, outcome.degraded_message,
+                       published_degraded_reason(seen.old_status))
+    if outcome.degraded_reason:
+        metrics.FAILURES.labels(outcome.degraded_reason).inc()
+    for reason, message in warnings(outcome, seen.old_status):
+        kopf.warn(seen.body, reason=reason, message=message)
     metrics.ROLLOUT.labels(seen.namespace, seen.name).set(1 if outcome.rollout else 0)
     applied = await patch_status(
         seen.namespace, seen.name,
@@ -333,122 +316,35 @@ async def _publish(seen: _Reading, outcome: Outcome, story: logs.Story) -> bool:
     return applied
 
 
-# Set to "true" on a resource being deleted: its deletion finishes without touching the
-# database (docs/operator.md, Deletion).
-SKIP_CLEANUP = "tsoracle.io/skip-cleanup"
-
-
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def deleted(name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Meta,
                   body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
-    """Honour deletionPolicy for what this resource owns: Delete drops tsoracle's tables,
-    Retain gives up ownership so that a new resource may adopt them. Nothing else is touched.
-    Only a Delete of a schema this resource provisioned waits for an unreachable database, and
-    the SKIP_CLEANUP annotation ends even that wait."""
+    """Honour deletionPolicy for what this resource owns (model.deletion_start,
+    deletion_step and deletion_failure decide; execute carries it out)."""
     namespace = _namespaced(namespace)
     rt, ref = runtime(memo), f"{namespace}/{name}"
-    try:
-        parsed = parse_spec(spec)
-    except ConfigError:
-        log.info("%s: deleted; its spec never parsed, so nothing was provisioned", ref)
-        return
-    if rt.standing_by():
+    start = deletion_start(spec, meta.get("annotations") or {})
+    if start.needs_lease and rt.standing_by():
         if not memo.get("deletion_waits_for_lease"):
             log.info("%s: deletion waits for the operator holding the lease", ref)
             memo["deletion_waits_for_lease"] = True
         raise kopf.TemporaryError("another operator holds the lease", delay=rt.settings.retry_s)
-    if str((meta.get("annotations") or {}).get(SKIP_CLEANUP, "")).lower() == "true":
-        message = (f"clean-up skipped ({SKIP_CLEANUP}=true): schema {parsed.schema!r} is left "
-                   "as it is; a resource created later with it adopts it")
-        log.warning("%s: deleted; %s", ref, message)
-        kopf.warn(body, reason="DeletionSkipped", message=message)
+    if start.spec is None:
+        execute.deletion_over(body, ref, start)
         return
     owner = Owner(namespace, name, str(meta.get("uid") or ""))
-    what = "drop" if parsed.deletion_policy == "Delete" else "release"
     url = None
     try:
-        url = resource_url(await read_secret_url(namespace, parsed.secret_name,
-                                                parsed.secret_key), parsed.schema)
+        url = resource_url(await read_secret_url(namespace, start.spec.secret_name,
+                                                start.spec.secret_key), start.spec.schema)
         backend = await rt.backends.get(ref, url)
-        await _drop_or_release(backend, parsed, owner, body, ref, what)
-    except ConfigError as exc:  # Secret gone, unlabelled or unusable: never block deletion
-        message = (f"cannot {what} schema {parsed.schema!r}: {redact(str(exc), url)}; "
-                   "the tables are kept as they are")
-        log.warning("%s: deletion skipped: %s", ref, message)
-        kopf.warn(body, reason="DeletionSkipped", message=message)
+        await execute.drop_or_release(backend, start, owner, body, ref)
     except OracleError as exc:
-        why = f"{type(exc).__name__}: {redact(str(exc), url)}"
-        if not (body.get("status") or {}).get("incarnation"):
-            log.info("%s: deleted; it never provisioned schema %r and its database cannot be "
-                     "reached (%s): nothing to %s", ref, parsed.schema, why, what)
-            return
-        if what == "release":
-            message = (f"schema {parsed.schema!r} is kept (deletionPolicy Retain), but its "
-                       f"ownership could not be released ({why}); a resource created later "
-                       "with it adopts it once this one is gone")
-            log.warning("%s: deleted; %s", ref, message)
-            kopf.warn(body, reason="DeletionSkipped", message=message)
-            return
-        message = (f"cannot drop schema {parsed.schema!r} ({why}); deletion waits and retries "
-                   f"every {rt.settings.retry_s:.0f} s. To finish it without dropping, set "
-                   f"spec.deletionPolicy: Retain, or annotate the resource {SKIP_CLEANUP}=true")
-        await _deletion_blocked(namespace, name, body, memo, message, retry)
-        raise kopf.TemporaryError(f"{what} failed; retrying", delay=rt.settings.retry_s) \
-            from None
+        failure = deletion_failure(start, exc, url, body.get("status") or {},
+                                   rt.settings.retry_s)
+        await execute.deletion_failed(failure, namespace, name, body, memo, retry)
+        if failure.blocked:
+            raise kopf.TemporaryError(f"{start.what} failed; retrying",
+                                      delay=rt.settings.retry_s) from None
     finally:
         await rt.backends.forget(ref)
-
-
-async def _drop_or_release(backend: Backend, spec: OracleSpec, owner: Owner, body: kopf.Body,
-                           ref: str, what: str) -> None:
-    """`what` ("drop" or "release") to the deployment in the schema, if this resource owns it."""
-    found = await find_deployment(backend)
-    if found is None:
-        if what == "drop":
-            # A drop killed half-way (the deployment row goes last) leaves tsoracle's other
-            # tables: finish it. Only tsoracle's tables go, and the schema only if empty.
-            schema_gone = await drop_deployment(backend)
-            log.info("%s: deleted; schema %r holds no tsoracle deployment; dropped what was "
-                     "left of tsoracle's tables%s", ref, spec.schema,
-                     " and the schema" if schema_gone else "")
-            return
-        log.info("%s: deleted; schema %r holds no tsoracle deployment, nothing to %s",
-                 ref, spec.schema, what)
-        return
-    if found.owner and found.owner != owner.tag:
-        other = "/".join(found.owner.split("/")[:2])
-        log.warning("%s: deletion skipped: schema %r belongs to TimestampOracle %s; "
-                    "nothing was dropped or released", ref, spec.schema, other)
-        kopf.warn(body, reason="DeletionSkipped",
-                  message=f"schema {spec.schema!r} belongs to another TimestampOracle; "
-                          "nothing was dropped or released")
-        return
-    if what == "drop":
-        schema_gone = await drop_deployment(backend)
-        log.info("%s: deleted; dropped tsoracle's tables in schema %r%s (deletionPolicy "
-                 "Delete, epoch %d)", ref, spec.schema,
-                 " and the schema" if schema_gone else "", found.epoch)
-        kopf.info(body, reason="Dropped", message=f"dropped tsoracle's tables in schema "
-                                                  f"{spec.schema!r}")
-    else:
-        await release(backend, owner.tag)
-        log.info("%s: deleted; retained schema %r at epoch %d, ownership released "
-                 "(deletionPolicy Retain)", ref, spec.schema, found.epoch)
-
-
-async def _deletion_blocked(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
-                            message: str, retry: int) -> None:
-    """Tell a deletion the backend refused: the log once, a Warning Event at a backoff (the
-    1st, 2nd, 4th, 8th… attempt), the failure metric and status every attempt."""
-    if memo.get("deletion_blocked") != message:  # once, not every retry
-        log.warning("%s/%s: deletion blocked: %s", namespace, name, message)
-        memo["deletion_blocked"] = message
-    if (retry + 1) & retry == 0:
-        kopf.warn(body, reason="DeletionBlocked", message=message)
-    metrics.FAILURES.labels("DeletionBlocked").inc()
-    outcome = Outcome(degraded_reason="DeletionBlocked", degraded_message=message)
-    read = dict(body.get("status") or {})
-    await patch_status(namespace, name, status_patch(
-        outcome, None, read, int(body.meta.get("generation") or 0), execute.now_text()),
-        expect=status_expectations(read, str(body.meta.get("resourceVersion") or "")),
-        present=tuple(read))

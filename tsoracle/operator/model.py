@@ -17,7 +17,7 @@ from tsoracle.operator.ownership import Owner, OwnershipProblem
 from tsoracle.operator.redact import redact
 from tsoracle.oracle.status import Status
 from tsoracle.oracle.timeline import parse_timeline
-from tsoracle.resource import OracleSpec, SecretProblem
+from tsoracle.resource import OracleSpec, SecretProblem, parse_spec
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
@@ -297,6 +297,12 @@ class HighWater:
         marks = {k: max(v, self.positions.get(k, 0)) for k, v in positions.items()}
         return HighWater(now, marks, dict(self.peaks), self.passes)
 
+    def next(self, positions: Mapping[str, int], now: dt.datetime, *, repaired: bool,
+             passes: int) -> HighWater:
+        """The mark to publish after a pass that found `positions` and counted `passes`."""
+        after = self.restarted(positions, now) if repaired else self.after(positions, now)
+        return after.counted(passes)
+
     def counted(self, passes: int) -> HighWater:
         return replace(self, passes=passes)
 
@@ -536,3 +542,172 @@ def published_catalog_reason(status: Mapping[str, Any]) -> str:
         if c.get("type") == CATALOG_CONDITION:
             return str(c.get("reason") or "")
     return ""
+
+
+# --- A pass's other decisions: what to look at, what to warn about, when to come back --------
+
+
+def published_epoch(status: Mapping[str, Any]) -> int:
+    return int(status.get("epoch") or 0)
+
+
+def catalog_watched(spec: OracleSpec, status: Mapping[str, Any]) -> bool:
+    """Whether a pass looks at the catalog's objects: enabled, or published (to remove it).
+    Resources without a catalog cost no extra request."""
+    return spec.catalog is not None or "catalog" in status
+
+
+def token_to_check(spec: OracleSpec) -> tuple[str, str] | None:
+    """The Secret and key of spec.catalog's bearer token, to check it is there; None: none."""
+    c = spec.catalog
+    return (c.token_secret, c.token_key) if c is not None and c.token_secret else None
+
+
+def warnings(outcome: Outcome, status: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The Warning Events (reason, message) a pass posts: a reason a person must act on, when
+    it is new (the status read did not carry it already)."""
+    said = []
+    reason = outcome.degraded_reason
+    if reason in WARNED_REASONS and published_degraded_reason(status) != reason:
+        said.append((reason, outcome.degraded_message))
+    cat = outcome.catalog.condition if outcome.catalog is not None else None
+    if cat is not None and cat.reason in WARNED_CATALOG_REASONS \
+            and published_catalog_reason(status) != cat.reason:
+        said.append((cat.reason, cat.message))
+    return said
+
+
+def pass_result(outcome: Outcome, published: bool) -> str:
+    """The pass's label in tsoracle_operator_reconciles_total."""
+    return "degraded" if outcome.degraded_reason else "ok" if published else "stale"
+
+
+def next_pass_in(outcome: Outcome, published: bool, spec: OracleSpec | None,
+                 retry_s: float, stale_retry_s: float) -> float:
+    """Seconds until the next pass: soon after a stale one (kopf's copy of the resource
+    catches up through its watch), the retry interval after a failure, else the refresh."""
+    if not published:
+        return stale_retry_s
+    if outcome.degraded_reason or spec is None:
+        return retry_s
+    return float(spec.refresh_s)
+
+
+def adoptable_from(found: Deployment | None, owner: Owner) -> str:
+    """The owner of `found` to ask about before refusing it: another resource, which may no
+    longer exist (deleted while its database could not be reached); "" when there is none."""
+    if found is not None and found.owner and found.owner != owner.tag:
+        return found.owner
+    return ""
+
+
+def adoption_note(found: Deployment | None, orphaned: str) -> str:
+    """What the log says of a schema this pass adopted ("" when it adopted none)."""
+    if orphaned:
+        return (f"from TimestampOracle {'/'.join(orphaned.split('/')[:2])}, which no longer "
+                "exists")
+    if found is not None and not found.owner:
+        return "(nobody owned it)"
+    return ""
+
+
+# --- Deletion: deletionPolicy, decided like a pass -------------------------------------------
+
+# Set to "true" on a resource being deleted: its deletion finishes without touching the
+# database (docs/operator.md, Deletion).
+SKIP_CLEANUP = "tsoracle.io/skip-cleanup"
+
+
+@dataclass(frozen=True)
+class DeletionStart:
+    """How a deletion begins, from the resource alone. `spec` None: it is over at once, with
+    `said` logged (`warned`: and posted as a DeletionSkipped Warning)."""
+
+    spec: OracleSpec | None
+    said: str = ""
+    warned: bool = False
+
+    @property
+    def needs_lease(self) -> bool:
+        """Whether only the operator holding the Lease may carry it out: a spec that never
+        parsed provisioned nothing, and any operator may let it go."""
+        return self.spec is not None or self.warned
+
+    @property
+    def what(self) -> str:
+        """What deletionPolicy asks: "drop" (Delete) or "release" (Retain)."""
+        return "drop" if self.spec is not None and self.spec.deletion_policy == "Delete" \
+            else "release"
+
+
+def deletion_start(spec: Mapping[str, Any], annotations: Mapping[str, Any]) -> DeletionStart:
+    try:
+        parsed = parse_spec(spec)
+    except ConfigError:
+        return DeletionStart(None, "deleted; its spec never parsed, so nothing was provisioned")
+    if str(annotations.get(SKIP_CLEANUP, "")).lower() == "true":
+        return DeletionStart(None, f"clean-up skipped ({SKIP_CLEANUP}=true): schema "
+                                   f"{parsed.schema!r} is left as it is; a resource created "
+                                   "later with it adopts it", warned=True)
+    return DeletionStart(parsed)
+
+
+@dataclass(frozen=True)
+class DeletionStep:
+    """What a deletion does to the deployment it found: "drop" or "release" it, "finish" a
+    drop cut off half-way (tsoracle's tables without the deployment row), "nothing" (no
+    deployment, Retain), or "foreign" (another resource owns it: nothing is touched)."""
+
+    action: str
+    other: str = ""  # "foreign": the namespace/name of the owner
+
+
+def deletion_step(found: Deployment | None, owner: Owner, what: str) -> DeletionStep:
+    if found is None:
+        # A drop killed half-way (the deployment row goes last) leaves tsoracle's other
+        # tables: finish it. Only tsoracle's tables go, and the schema only if empty.
+        return DeletionStep("finish" if what == "drop" else "nothing")
+    if found.owner and found.owner != owner.tag:
+        return DeletionStep("foreign", "/".join(found.owner.split("/")[:2]))
+    return DeletionStep(what)
+
+
+@dataclass(frozen=True)
+class DeletionFailure:
+    """What a deletion that could not reach or change its schema does: `blocked` waits and
+    retries (Degraded, DeletionBlocked); otherwise it is over, with `prefix` + `message`
+    logged (`warned`: and `message` posted as a DeletionSkipped Warning)."""
+
+    message: str
+    prefix: str = "deleted; "
+    warned: bool = False
+    blocked: bool = False
+
+
+def deletion_failure(start: DeletionStart, exc: OracleError, url: str | None,
+                     status: Mapping[str, Any], retry_s: float) -> DeletionFailure:
+    """Only a Delete of a schema this resource provisioned waits for an unreachable database;
+    a Secret gone, unlabelled or unusable never blocks a deletion."""
+    schema, what = start.spec.schema if start.spec else "", start.what
+    if isinstance(exc, ConfigError):
+        return DeletionFailure(f"cannot {what} schema {schema!r}: {redact(str(exc), url)}; "
+                               "the tables are kept as they are", "deletion skipped: ",
+                               warned=True)
+    why = f"{type(exc).__name__}: {redact(str(exc), url)}"
+    if not status.get("incarnation"):
+        return DeletionFailure(f"it never provisioned schema {schema!r} and its database "
+                               f"cannot be reached ({why}): nothing to {what}")
+    if what == "release":
+        return DeletionFailure(f"schema {schema!r} is kept (deletionPolicy Retain), but its "
+                               f"ownership could not be released ({why}); a resource created "
+                               "later with it adopts it once this one is gone", warned=True)
+    return DeletionFailure(f"cannot drop schema {schema!r} ({why}); deletion waits and retries "
+                           f"every {retry_s:.0f} s. To finish it without dropping, set "
+                           f"spec.deletionPolicy: Retain, or annotate the resource "
+                           f"{SKIP_CLEANUP}=true", "deletion blocked: ", blocked=True)
+
+
+def warns_at(retry: int) -> bool:
+    """Whether a blocked deletion's `retry` (0, 1, 2...) posts its Warning: the 1st, 2nd, 4th,
+    8th... attempt, so a long outage does not flood the Events."""
+    return (retry + 1) & retry == 0

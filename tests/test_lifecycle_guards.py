@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
+import signal
+import time
 
 import pytest
 
+import tsoracle
 from tsoracle.fencing import read_deployment
 from tsoracle.operator import execute
 from tsoracle.operator.model import HighWater, Observation, plan, rewind_targets
@@ -16,6 +20,7 @@ from tsoracle.operator.ownership import Owner
 from tsoracle.oracle.connect import admin_backend
 from tsoracle.oracle.provision import release
 from tsoracle.resource import parse_spec
+from tsoracle_dev.kube import Operator, is_ready
 
 OLD = Owner("ns", "orders", "uid-old")
 NEW = Owner("ns", "orders", "uid-new")
@@ -103,3 +108,69 @@ def test_a_resource_adopting_mid_rollout_keeps_the_window_open(sqlite_url, event
             assert (await read_deployment(backend)).rollout, "the window ended at once"
 
     asyncio.run(go())
+
+
+def _resource(name: str, implementation: str) -> str:
+    return json.dumps({
+        "apiVersion": "tsoracle.io/v1alpha1", "kind": "TimestampOracle",
+        "metadata": {"name": name},
+        "spec": {"backend": {"urlSecretRef": {"name": "oracle-db"}, "schema": "s_adopt"},
+                 "timelines": ["EpochMilliseconds"], "deletionPolicy": "Retain",
+                 "implementation": implementation, "statusRefreshSeconds": 1}})
+
+
+def _until(predicate, what: str, cap: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + cap  # only a hang reaches the cap
+    while not predicate():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_an_operator_stopped_mid_pass_changes_nothing_after_its_resource_was_replaced(
+        kube, chart, database, tmp_path):
+    """Issue 34 end to end, on the real API server and PostgreSQL: operator A plans a flip to
+    legacy for `orders` and is stopped (SIGSTOP) before the flip's transaction. `orders` is
+    deleted (Retain: operator B releases the schema) and created again on distributed; B
+    adopts it. A resumes: its flip must change nothing, and the new resource is not stuck."""
+    ns = kube.new_namespace("paused")
+    kube.backend_secret(ns, "oracle-db", database)
+    marker = tmp_path / "paused"
+    a = Operator(chart.kubeconfig, ns, tmp_path / "a.log", module="tsoracle_dev.pausing_operator",
+                 env={"TSORACLE_PAUSE_MARKER": str(marker)}).start()
+    b = Operator(chart.kubeconfig, ns, tmp_path / "b.log")
+    url = f"{database}?schema=s_adopt"
+    try:
+        kube.kubectl("-n", ns, "apply", "-f", "-", stdin=_resource("orders", "distributed"))
+        kube.wait_tso(ns, "orders", is_ready, what="Ready on distributed")
+        old_uid = json.loads(kube.kubectl("-n", ns, "get", "tso", "orders", "-o",
+                                          "json").stdout)["metadata"]["uid"]
+        kube.kubectl("-n", ns, "patch", "tso", "orders", "--type", "merge", "-p",
+                     json.dumps({"spec": {"implementation": "legacy"}}))
+        _until(marker.exists, "operator A to plan the flip and stop")
+        assert old_uid in marker.read_text()  # the planner: the old resource
+        kube.kubectl("-n", ns, "delete", "tso", "orders", "--wait=false")
+        b.start()  # the successor finishes the deletion (Retain) and serves the new resource
+        _until(lambda: "not found" in kube.kubectl(
+            "-n", ns, "get", "tso", "orders", check=False).stderr, "the deletion")
+        kube.kubectl("-n", ns, "apply", "-f", "-", stdin=_resource("orders", "distributed"))
+        kube.wait_tso(ns, "orders", lambda o: is_ready(o) and o["metadata"]["uid"] != old_uid,
+                      what="the new resource Ready")
+        dep = asyncio.run(tsoracle.status(url)).deployment
+        assert (dep.implementation, dep.epoch) == ("distributed", 1) and old_uid not in dep.owner
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGCONT)
+        _until(lambda: "the schema now belongs to TimestampOracle" in
+               (tmp_path / "a.log").read_text(), "operator A's refused flip")
+        a.stop()
+        dep = asyncio.run(tsoracle.status(url)).deployment
+        assert (dep.implementation, dep.epoch) == ("distributed", 1)
+        # The new owner is not stuck: its next generation flips at once.
+        kube.kubectl("-n", ns, "patch", "tso", "orders", "--type", "merge", "-p",
+                     json.dumps({"spec": {"implementation": "legacy"}}))
+        done = kube.wait_tso(ns, "orders", lambda o: is_ready(o) and o.get("status", {}).get(
+            "activeImplementation") == "legacy", what="the new owner's flip")
+        assert done["status"]["epoch"] == 2
+        assert len(kube.events(ns, "Flipped")) == 1
+    finally:
+        a.stop()
+        b.stop()

@@ -56,7 +56,7 @@ def test_what_a_deletion_does_to_the_deployment_it_finds():
     assert deletion_step(found(), OWNER, "drop") == DeletionStep("drop")
     assert deletion_step(found(""), OWNER, "release") == DeletionStep("release")
     assert deletion_step(found("ns/other/uid-2"), OWNER, "drop") == \
-        DeletionStep("foreign", "ns/other")
+        DeletionStep("foreign", "ns/other (uid uid-2)")
 
 
 def test_only_a_drop_of_a_provisioned_schema_waits_for_its_database():

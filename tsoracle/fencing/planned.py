@@ -28,7 +28,7 @@ class PlannedBy:
         no generation of an earlier owner enters it."""
         if owner != self.owner:
             return (f"the schema now belongs to {_resource(owner)}, not to "
-                    f"{_resource(self.owner)} (uid {_uid(self.owner)}), which planned it")
+                    f"{_resource(self.owner)}, which planned it")
         if self.generation < generation:
             return (f"this pass read generation {self.generation}, and the backend already "
                     f"applied generation {generation}")
@@ -41,9 +41,9 @@ class StalePlan(OracleError):
 
 
 def _resource(tag: str) -> str:
+    """`ns/name/uid` as a person reads it: a resource created again under its name has a new
+    uid, and the uid is what tells the two apart."""
     parts = tag.split("/")
-    return "TimestampOracle " + "/".join(parts[:2]) if len(parts) >= 2 else "nobody"
-
-
-def _uid(tag: str) -> str:
-    return tag.split("/")[2] if tag.count("/") >= 2 else "-"
+    if len(parts) < 3:
+        return "nobody"
+    return f"TimestampOracle {parts[0]}/{parts[1]} (uid {'/'.join(parts[2:])})"

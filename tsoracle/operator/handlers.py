@@ -137,6 +137,12 @@ def _namespaced(namespace: str | None) -> str:
     return namespace
 
 
+def _user(namespace: str, name: str, body: kopf.Body) -> str:
+    """Who uses a shared backend: the resource with its uid, since one deleted and created
+    again under its name while the old one's daemon winds down is another user."""
+    return Owner(namespace, name, str(body.meta.get("uid") or "")).tag
+
+
 def _jitter(delay: float) -> float:
     # Resources created together would otherwise refresh in lock-step forever.
     return delay * random.uniform(0.9, 1.1)
@@ -161,7 +167,7 @@ async def reconcile_loop(name: str, namespace: str | None, body: kopf.Body, memo
             await _until(wake.wait(), stopped, timeout=_jitter(delay))
     finally:
         metrics.MANAGED.dec()
-        await rt.backends.forget(story.ref)
+        await rt.backends.forget(_user(namespace, name, body))
 
 
 async def _reconcile_or_retry(name: str, namespace: str, body: kopf.Body, rt: Runtime,
@@ -255,7 +261,7 @@ async def _act(seen: _Reading, rt: Runtime, outcome: Outcome) -> None:
     stored = await read_secret_text(seen.namespace, spec.secret_name, spec.secret_key)
     seen.url = stored.strip()
     seen.url = resource_url(seen.url, spec.schema)  # a mismatch is a BadURL, not an InvalidSpec
-    backend = await rt.backends.get(seen.ref, seen.url)
+    backend = await rt.backends.get(_user(seen.namespace, seen.name, seen.body), seen.url)
     owner = Owner(seen.namespace, seen.name, str(seen.body.meta.get("uid") or ""))
     dep = await execute.hold(backend, spec, owner, seen.old_status, seen.ref, owner_exists)
     outcome.provisioned = True
@@ -337,7 +343,7 @@ async def deleted(name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.
     try:
         url = resource_url(await read_secret_url(namespace, start.spec.secret_name,
                                                 start.spec.secret_key), start.spec.schema)
-        backend = await rt.backends.get(ref, url)
+        backend = await rt.backends.get(owner.tag, url)
         await execute.drop_or_release(backend, start, owner, body, ref)
     except OracleError as exc:
         failure = deletion_failure(start, exc, url, body.get("status") or {},
@@ -347,4 +353,4 @@ async def deleted(name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.
             raise kopf.TemporaryError(f"{start.what} failed; retrying",
                                       delay=rt.settings.retry_s) from None
     finally:
-        await rt.backends.forget(ref)
+        await rt.backends.forget(_user(namespace, name, body))

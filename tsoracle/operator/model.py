@@ -668,7 +668,9 @@ def deletion_step(found: Deployment | None, owner: Owner, what: str) -> Deletion
         # tables: finish it. Only tsoracle's tables go, and the schema only if empty.
         return DeletionStep("finish" if what == "drop" else "nothing")
     if found.owner and found.owner != owner.tag:
-        return DeletionStep("foreign", "/".join(found.owner.split("/")[:2]))
+        # The uid too: the owner may be a resource of this very name, created again.
+        ns, name, uid = (found.owner.split("/", 2) + ["", ""])[:3]
+        return DeletionStep("foreign", f"{ns}/{name} (uid {uid or '-'})")
     return DeletionStep(what)
 
 

@@ -21,6 +21,7 @@ from tsoracle.errors import (
 from tsoracle.oracle import (
     EPOCH_MILLISECONDS,
     AdvanceResult,
+    CommitInterrupted,
     FlipResult,
     GroupCommitter,
     OracleOptions,
@@ -45,6 +46,7 @@ __all__ = [
     "EPOCH_MILLISECONDS",
     "AdvanceResult",
     "ClockSkew",
+    "CommitInterrupted",
     "ConfigError",
     "Contended",
     "Fenced",

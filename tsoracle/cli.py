@@ -29,7 +29,7 @@ from tsoracle.oracle.api import WriteTimestamp
 from tsoracle.oracle.operations import BY_COMMAND
 from tsoracle.oracle.options import DEFAULT_MAX_CLOCK_SKEW_MS
 from tsoracle.output import add_output_flag, emit, table
-from tsoracle.store import DEFAULT_URL, parse_url
+from tsoracle.store import DEFAULT_URL, U64_MAX, parse_url
 
 # The default is resolved after parsing (see `main`): a default taken from $TSORACLE_URL would
 # print the variable's value, password and all, in `--help`.
@@ -352,6 +352,8 @@ async def _ts(args: argparse.Namespace) -> int:
     read_only = not op.writes and impl != "legacy"
     async with connect(args.url, timeline=args.timeline, implementation=impl,
                        read_only=read_only, max_clock_skew_ms=args.max_clock_skew_ms) as oracle:
+        if op.name == "apply_write" and not oracle.timeline.wall_clock:
+            _check_apply_jump(args.timeline, await oracle.peek_write_ts(), args.ts)
         result = await getattr(oracle, op.name)(*([args.ts] if op.takes_ts else []))
         if isinstance(result, WriteTimestamp):
             result = result.timestamp
@@ -360,6 +362,21 @@ async def _ts(args: argparse.Namespace) -> int:
     emit({"operation": op.command, "timeline": args.timeline, "implementation": impl,
           "timestamp": ts, "stored": False}, args.output, lambda d: str(d["timestamp"]))
     return 0
+
+
+def _check_apply_jump(timeline: str, position: int, ts: int) -> None:
+    """Refuse `ts apply` far beyond what the counting timeline handed out: `apply_write(T)`
+    raises write_ts to T, and nothing lowers it again, so one typed digit too many (or 2^64-1)
+    would use up the timeline. The bound is `advance`'s without --force; EpochMilliseconds
+    has its own, the clock-skew guard."""
+    if ts - position > MAX_COUNTER_JUMP:
+        raise errors.ConfigError(
+            f"`tsoracle ts apply {ts}` would move timeline {timeline!r} {ts - position} "
+            f"timestamps past the latest write timestamp ({position}), more than "
+            f"{MAX_COUNTER_JUMP}: every write after it would start there, and at "
+            f"{U64_MAX} none is left; apply only timestamps that `tsoracle ts write` handed "
+            f"out, or, to move the timeline that far on purpose, run `tsoracle advance "
+            f"--timeline {timeline} --to {ts} --force`")
 
 
 async def _ts_stored(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from tsoracle.oracle.connect import (
     status,
 )
 from tsoracle.oracle.flip import FlipResult
-from tsoracle.oracle.group_commit import GroupCommitter
+from tsoracle.oracle.group_commit import CommitInterrupted, GroupCommitter
 from tsoracle.oracle.metrics import serve_metrics
 from tsoracle.oracle.options import OracleOptions
 from tsoracle.oracle.sync import SyncTimestampOracle, connect_sync, open_sync
@@ -28,6 +28,7 @@ __all__ = [
     "EPOCH_MILLISECONDS",
     "AdvanceResult",
     "FlipResult",
+    "CommitInterrupted",
     "GroupCommitter",
     "OracleOptions",
     "SyncTimestampOracle",

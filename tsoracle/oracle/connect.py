@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from tsoracle.errors import Arg, Fenced, NotInitialized, UnknownTimeline
+from tsoracle.errors import Arg, ConfigError, Fenced, NotInitialized, UnknownTimeline
 from tsoracle.fencing import (
     Deployment,
     check_implementation,
@@ -77,6 +77,17 @@ async def open_oracle(url: str, options: OracleOptions | None = None,
                 active=dep.implementation, epoch=dep.epoch, chosen=chosen,
                 use=Arg("implementation", dep.implementation),
                 follow=Arg("implementation", omit=True))
+        if chosen == "legacy" and opts.read_only:
+            # Refused here, before LegacyOracle.start(): starting is a take-over (a new leader
+            # epoch) that fences the running leader, read-only or not.
+            raise ConfigError(
+                f"the deployment's active implementation is legacy (epoch {dep.epoch}), which "
+                "serves timestamps from its leader's memory: opening it, even read-only, would "
+                "take the leadership and fence the running leader; read through the leader's "
+                "process, or flip the deployment to distributed (`tsoracle flip --to "
+                "distributed`), whose read-only clients read from the database (from the "
+                "command line, `tsoracle ts read --stored` shows the stored row without "
+                "leading)")
         cls = LegacyOracle if chosen == "legacy" else DistributedOracle
         depth = opts.pipeline_depth_for(chosen, cls.pinned_connections, backend.pooled)
         if chosen == "legacy":

@@ -28,13 +28,51 @@ class Conflict(Exception):
     """Raised by an append that lost a compare-and-set; the group retries at a fresh timestamp."""
 
 
+class CommitInterrupted(OracleError):
+    """A commit stopped by a cancellation (or another BaseException) instead of an error.
+
+    `stage` is where it stopped: "queued" (never started: nothing was appended),
+    "write_ts" (nothing was appended), "append" (whether the payloads were appended at `ts`
+    is unknown) or "apply" (they were appended at `ts`; whether `apply_write(ts)` ran is
+    unknown). `ts` is None until the group took a timestamp.
+    """
+
+    stage: str = "queued"
+    ts: int | None = None
+
+    @classmethod
+    def at(cls, stage: str, ts: int | None) -> CommitInterrupted:
+        why = {
+            "queued": "the group committer's task stopped (cancelled or interrupted) before "
+                      "this payload was committed: nothing was appended; commit it again",
+            "write_ts": "the group commit was interrupted while taking its write timestamp: "
+                        "nothing was appended; commit it again",
+            "append": f"the group commit at {ts} was interrupted during its append: whether "
+                      f"the payloads were appended at {ts} is unknown, and {ts} was not "
+                      "applied; look for them at that timestamp before committing them again",
+            "apply": f"the group commit at {ts} was interrupted during apply_write({ts}): the "
+                     "payloads were appended, but whether readers see them yet is unknown; "
+                     f"apply_write({ts}) (it is idempotent) makes them visible, do not commit "
+                     "them again",
+        }[stage]
+        err = cls(why)
+        err.stage, err.ts = stage, ts
+        return err
+
+
 class GroupCommitter(Generic[P]):
     """`await commit(payload)` returns the timestamp at which the payload became visible.
 
-    While one group is committing, newcomers queue up and form the next group. A group is
-    visible to readers only after `apply_write`; if the append fails, nobody in the group
-    gets a timestamp and nothing is applied. An append that raises `Conflict` is retried at a
-    fresh timestamp.
+    While one group is committing, newcomers queue up and form the next group. Readers that
+    read only what is at or below `read_ts` see a group once `apply_write` covers its
+    timestamp. If the append fails, nobody in the group gets a timestamp and nothing is
+    applied. If `apply_write` fails after the append (fenced: a flip or a newer legacy leader),
+    the callers get that error, but the appended rows stay at their timestamp and become
+    visible once any later write above it is applied (`abandon`, if given, is told first). An
+    append that raises `Conflict` is retried at a fresh timestamp. A group stopped by a
+    cancellation instead (an append that awaited a cancelled task, or the committer's own
+    task cancelled) fails its callers with `CommitInterrupted`, which says how far it got;
+    later groups are served as usual.
 
     With `durable_appends`, the append itself makes the group visible (the Spark tables'
     catalog does: its readers never read past its upper), so once it returned the group gets
@@ -64,6 +102,9 @@ class GroupCommitter(Generic[P]):
         self._durable = durable_appends
         self._abandon = abandon  # told when a group fails for good (after its retries)
         self._applying: set[asyncio.Task[None]] = set()
+        # Where the group in flight is, for the error of a group stopped by a cancellation.
+        self._stage = "write_ts"
+        self._stage_ts: int | None = None
 
     async def commit(self, payload: P) -> int:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -73,35 +114,62 @@ class GroupCommitter(Generic[P]):
         return await fut
 
     async def _run(self) -> None:
-        while self._queue:
-            group = self._queue[: self._max_group]
-            del self._queue[: self._max_group]
-            if self._on_group is not None:
-                self._on_group(len(group))
-            payloads = [payload for payload, _ in group]
-            try:
-                ts = await self._commit_group(payloads)
-            except Exception as exc:
-                if self._abandon is not None:
-                    try:
-                        await self._abandon(payloads)
-                    except Exception:  # noqa: BLE001 (cleanup only; the callers get `exc`)
-                        log.warning("cleanup after a failed group commit failed", exc_info=True)
+        group: list[tuple[P, asyncio.Future[int]]] = []
+        try:
+            while self._queue:
+                group = self._queue[: self._max_group]
+                del self._queue[: self._max_group]
+                if self._on_group is not None:
+                    self._on_group(len(group))
+                payloads = [payload for payload, _ in group]
+                try:
+                    ts = await self._commit_group(payloads)
+                except asyncio.CancelledError:
+                    if _cancelling():
+                        raise  # this task was cancelled: `finally` answers everyone waiting
+                    # A cancellation from below (the append awaited a cancelled task) stops
+                    # this group only: its callers get an outcome, the worker goes on.
+                    await self._fail(group, payloads,
+                                     CommitInterrupted.at(self._stage, self._stage_ts))
+                    continue
+                except Exception as exc:
+                    await self._fail(group, payloads, exc)
+                    continue
                 for _, fut in group:
                     if not fut.done():
-                        fut.set_exception(exc)
-                continue
+                        fut.set_result(ts)
+        finally:
+            # Reached with callers waiting only when this task stops early (cancelled, or a
+            # BaseException such as KeyboardInterrupt): none of them may wait forever.
             for _, fut in group:
                 if not fut.done():
-                    fut.set_result(ts)
+                    fut.set_exception(CommitInterrupted.at(self._stage, self._stage_ts))
+            queued, self._queue = self._queue, []
+            for _, fut in queued:
+                if not fut.done():
+                    fut.set_exception(CommitInterrupted.at("queued", None))
+
+    async def _fail(self, group: list[tuple[P, asyncio.Future[int]]], payloads: list[P],
+                    exc: Exception) -> None:
+        if self._abandon is not None:
+            try:
+                await self._abandon(payloads)
+            except Exception:  # noqa: BLE001 (cleanup only; the callers get `exc`)
+                log.warning("cleanup after a failed group commit failed", exc_info=True)
+        for _, fut in group:
+            if not fut.done():
+                fut.set_exception(exc)
 
     async def _commit_group(self, payloads: list[P]) -> int:
         for _ in range(self._max_conflicts):
+            self._stage, self._stage_ts = "write_ts", None
             ts = (await self.oracle.write_ts()).timestamp
+            self._stage, self._stage_ts = "append", ts
             try:
                 await self._append(ts, payloads)
             except Conflict:
                 continue  # another writer committed above ts first: take a fresh timestamp
+            self._stage = "apply"
             await self.apply(ts)
             return ts
         raise Conflict(f"gave up after {self._max_conflicts} conflicting commits")
@@ -136,3 +204,10 @@ class GroupCommitter(Generic[P]):
         """Wait for background applies (at most `timeout` seconds)."""
         if self._applying:
             await asyncio.wait(set(self._applying), timeout=timeout)
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself was asked to stop (`Task.cancel()`), as opposed to a
+    CancelledError it merely received from a cancelled task or future it awaited."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

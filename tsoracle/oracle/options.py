@@ -34,7 +34,8 @@ class OracleOptions:
     batching: bool = True
     """Concurrent `read_ts` calls of a distributed oracle share statements."""
     read_only: bool = False
-    """Refuse `write_ts` and `apply_write` (distributed only: a legacy oracle leads)."""
+    """Refuse `write_ts` and `apply_write` (distributed only: a legacy oracle leads, so a
+    read-only open of a legacy deployment is refused before it takes anything over)."""
     now: Callable[[], int] | None = None
     """The clock in milliseconds on EpochMilliseconds; None: the wall clock."""
     fencing: str | None = None

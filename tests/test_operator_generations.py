@@ -19,10 +19,10 @@ import pytest
 from kubernetes import config
 
 import tsoracle
-from tsoracle.fencing import read_deployment
+from tsoracle.fencing import FlipClock, read_deployment, read_flip_clock
 from tsoracle.operator import execute
 from tsoracle.operator import kube as operator_kube
-from tsoracle.operator.model import Observation, plan, status_expectations
+from tsoracle.operator.model import FinishRollout, Observation, plan, status_expectations
 from tsoracle.operator.ownership import Owner
 from tsoracle.oracle.connect import admin_backend
 from tsoracle.resource import parse_spec
@@ -48,11 +48,14 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return posted
 
 
-async def _planned(backend, implementation: str, generation: int, status: dict) -> object:
-    """What a replica plans from generation `generation` of the resource (not run yet)."""
+async def _planned(backend, implementation: str, generation: int, status: dict,
+                   clock: FlipClock | None = None) -> object:
+    """What a replica plans from generation `generation` of the resource (not run yet);
+    `clock`: when it believes the rollout window opened (default: what the database says)."""
     dep = await read_deployment(backend)
     return plan(Observation(spec(implementation), dep, status, generation,
-                            dt.datetime.now(dt.UTC)))
+                            dt.datetime.now(dt.UTC),
+                            flip_clock=clock or await read_flip_clock(backend)))
 
 
 async def _run(backend, todo) -> execute.Pass:  # type: ignore[no-untyped-def]
@@ -93,7 +96,9 @@ def test_a_stale_pass_never_ends_a_newer_flips_rollout_window(pg, events):
             await _run(backend, await _planned(backend, "legacy", 2, {}))  # epoch 2, rollout
             window_over = {"epoch": 2, "activeImplementation": "legacy",
                            "lastFlipTime": LONG_AGO}
-            paused = await _planned(backend, "legacy", 2, window_over)  # plans the end
+            paused = await _planned(backend, "legacy", 2, window_over,
+                                    FlipClock(2, 1))  # epoch 2's window long over: the end
+            assert any(isinstance(step, FinishRollout) for step in paused.steps)
             await _run(backend, await _planned(backend, "distributed", 3, window_over))
             assert (await read_deployment(backend)).rollout  # epoch 3's window has begun
             await _run(backend, paused)

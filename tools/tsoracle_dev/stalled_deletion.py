@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from tsoracle import cli
-from tsoracle.operator import handlers
+from tsoracle.operator import execute
 
 STALL_AT_ENV, STALL_FILE_ENV = "TSORACLE_DEV_STALL_AT", "TSORACLE_DEV_STALL_FILE"
 POINTS = ("before", "mid", "after")
-real_drop, real_release = handlers.drop_deployment, handlers.release
+real_drop, real_release = execute.drop_deployment, execute.release
 
 
 async def _stall(point: str) -> None:
@@ -60,6 +60,6 @@ if __name__ == "__main__":
     point = os.environ[STALL_AT_ENV]
     if point not in POINTS:
         raise SystemExit(f"${STALL_AT_ENV} must be one of {POINTS}, not {point!r}")
-    handlers.drop_deployment = _wrap(real_drop, point)  # type: ignore[assignment]
-    handlers.release = _wrap(real_release, point)  # type: ignore[assignment]
+    execute.drop_deployment = _wrap(real_drop, point)
+    execute.release = _wrap(real_release, point)
     sys.exit(cli.main(sys.argv[1:]))

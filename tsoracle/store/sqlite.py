@@ -12,6 +12,7 @@ name prefixes the table names.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import sqlite3
@@ -34,6 +35,7 @@ from tsoracle.store.url import BackendURL
 
 T = TypeVar("T")
 _BUSY_MS = 5000
+log = logging.getLogger("tsoracle.store")
 
 
 _BIAS = 2**63
@@ -138,16 +140,54 @@ class SqliteBackend(Backend):
     async def transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
         async def once() -> T:
             async with self._lock:
-                await self._call(self._raw, "BEGIN IMMEDIATE")
                 try:
+                    await self._call(self._raw, "BEGIN IMMEDIATE")
                     result = await body(_SqliteTx(self))
-                except BaseException:
-                    await self._call(self._raw, "ROLLBACK")
+                    await self._call(self._raw, "COMMIT")
+                except BaseException as exc:
+                    # A cancelled call's statement still runs on the thread (a BEGIN waiting
+                    # for another process's lock gets it later), and a busy COMMIT leaves the
+                    # transaction open: either way the connection may be inside a transaction
+                    # that every later statement would join, uncommitted. The rollback is
+                    # queued before anything else can be. A cancelled call does not wait for
+                    # it (that BEGIN may wait for the lock for seconds); a failed one does,
+                    # and the retry of a busy COMMIT starts over in a new transaction.
+                    ending = self._end_transaction()
+                    if ending is not None and isinstance(exc, asyncio.CancelledError):
+                        ending.add_done_callback(self._report_failed_rollback)
+                    elif ending is not None:
+                        await asyncio.shield(ending)  # cancelled meanwhile: still queued
                     raise
-                await self._call(self._raw, "COMMIT")
                 return result
 
         return await self.retried(once)
+
+    def _end_transaction(self) -> asyncio.Future[None] | None:
+        """Queue a rollback of the transaction the connection is in, if any, after every
+        statement queued before it (the thread runs them in order)."""
+        if self._closed:
+            return None  # the connection's close, queued after any statement, rolls back
+        return asyncio.get_running_loop().run_in_executor(self._thread, self._roll_back_open)
+
+    def _report_failed_rollback(self, ending: asyncio.Future[None]) -> None:
+        # The cancelled caller is gone: nobody else would see this error.
+        failed = None if ending.cancelled() else ending.exception()
+        if failed is not None:
+            log.warning("%s: rolling back the transaction a cancelled call left open failed: "
+                        "%s", self.url.safe, failed)
+
+    def _roll_back_open(self) -> None:
+        conn = self._conn
+        if conn is None or not conn.in_transaction:
+            return  # none began (BEGIN gave up), or its COMMIT went through
+        try:
+            self._raw("ROLLBACK")
+        except sqlite3.Error:
+            # Never go on inside a transaction: closing the connection ends it, a new one
+            # takes its place (unless the backend is being closed meanwhile).
+            conn.close()
+            if self._conn is conn:
+                self._conn = self._connect()
 
     async def execute_ddl(self, statement: Any) -> None:
         await self.fetch(statement)

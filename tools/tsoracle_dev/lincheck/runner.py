@@ -1,6 +1,7 @@
 """Linearizability runs: a multi-process workload under a nemesis, checked by Porcupine.
 
     tsoracle-lincheck run --scenario flips --implementation legacy --min-ops 3000
+    tsoracle-lincheck run --scenario cancelled-transactions --implementation legacy --backend sqlite
     tsoracle-lincheck all --min-ops 3000     # every scenario, both implementations
     tsoracle-lincheck soak --min-ops 100000  # long; not for CI
     (or: python -m tsoracle_dev.lincheck.runner ...)
@@ -31,6 +32,17 @@ Three scenarios relax or re-key what they record, each for a documented reason:
 The histories go to the Go checker (main.go beside this file, Porcupine) and to the fast Python
 invariant checks in history.py.
 
+`cancelled-transactions` cancels calls at every point of a transaction (issue 34): the nemesis
+holds the write path from another process (SQLite's write lock, PostgreSQL row locks on the
+timelines) again and again, each time until a transaction was cancelled waiting for it; one
+client per worker runs transactions on its oracle's own backend (so the statements after them
+share the connection) and cancels them waiting for the lock, in the body and at COMMIT, each
+followed by recorded operations on that oracle; the other clients cancel some of their calls
+at random points (recorded as failed: their outcome is unknown). It is sized by the
+cancellations seen at each point as well as by operations, runs on SQLite too, and ends with
+another process opening every timeline: its first timestamps must be above everything handed
+out (a transaction left open by a cancellation would have taken them back at close).
+
 The clock scenarios (`clock`, `clock-jump-forward`, `clock-jump-back`) shift the clock the even
 workers' oracles read (`now`). Writes on EpochMilliseconds record that clock around the call and
 failures record their error type, so `clock_report` can check every run: no write handed out
@@ -42,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import contextvars
 import functools
 import hashlib
@@ -49,19 +62,25 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import psycopg
+from psycopg import sql
 
 import tsoracle
 from tsoracle.oracle.options import DEFAULT_MAX_CLOCK_SKEW_MS
 from tsoracle.oracle.reopening import ReopeningOracle
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
+from tsoracle.store import parse_url
 from tsoracle_dev import CHECKOUT
 from tsoracle_dev.lincheck.history import Op, check
 from tsoracle_dev.lincheck.netns import NamespaceUnavailable, NetNamespace
@@ -72,7 +91,11 @@ HERE = Path(__file__).resolve().parent  # the Go checker's sources and the corpu
 
 SCENARIOS = ("none", "postgres", "async-commit-crash", "client-kill", "pause", "flips", "clock",
              "clock-jump-forward", "clock-jump-back", "partition", "takeovers", "fencing-modes",
-             "reprovision", "spark-client", "serialization-faults", "lost-replies")
+             "reprovision", "spark-client", "serialization-faults", "lost-replies",
+             "cancelled-transactions")
+# The scenarios that also run on SQLite (`run(backend="sqlite")`; a file, no server).
+SQLITE_SCENARIOS = ("cancelled-transactions",)
+BACKENDS = ("postgresql", "sqlite")
 # In these the even workers' oracles read a clock the nemesis shifts (the `now` every oracle
 # takes; nothing else in the library reads the wall clock, tests/test_lincheck.py checks).
 CLOCK_SCENARIOS = ("clock", "clock-jump-forward", "clock-jump-back")
@@ -92,6 +115,20 @@ LEGACY_ONLY = ("takeovers",)  # leader changes mean nothing to the distributed i
 # Scenarios that crash, reconfigure or re-address their PostgreSQL: always a server of their own.
 OWN_SERVER = ("postgres", "async-commit-crash", "serialization-faults", "partition")
 TIMELINES = (EPOCH_MILLISECONDS, "counter:lin", "counter:lin2")
+# cancelled-transactions: where a transaction is cancelled. Before its lock: waiting for BEGIN
+# (SQLite's BEGIN IMMEDIATE waits for the write lock) or for the body's first statement
+# (PostgreSQL waits there for the row lock); in the body; at COMMIT.
+CANCEL_POINTS = ("begin", "lock", "body", "commit")
+CANCELS_PER_POINT = 50  # at least this many before the lock, in the body and at COMMIT
+# The timeline of the clients that cancel transactions: each worker's backend for it serves
+# that one client, so its BEGIN is the statement waiting for the lock, not one queued behind
+# another client's.
+CANCEL_TIMELINE = "counter:cancel"
+CANCEL_SHARE = 0.1  # of the other clients' calls, cancelled at a random point
+# A hold of the write lock ends once a transaction was cancelled waiting for it, or after this
+# long (a leader still starting, say); HOLD_SPACING operations complete between two holds.
+HOLD_MAX_S = 2.0
+HOLD_SPACING = 50
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
 DEFAULT_CAP_S = 600.0  # a scenario that has not finished by then hangs
 # A run sized by take-overs: operations served between two (the old leader then has writes out
@@ -104,8 +141,15 @@ STRICT_AGAIN_AFTER_S = 3.0
 
 def combos(implementations: tuple[str, ...] = ("distributed", "legacy"),
            isolations: tuple[str, ...] = ISOLATIONS) -> list[tuple[str, str, str]]:
-    """Every (scenario, implementation, isolation) that means something."""
+    """Every (scenario, implementation, isolation) that means something on PostgreSQL."""
     return [(s, i, iso) for s in SCENARIOS for i in implementations for iso in isolations
+            if s not in LEGACY_ONLY or i == "legacy"]
+
+
+def sqlite_combos(implementations: tuple[str, ...] = ("distributed", "legacy")
+                  ) -> list[tuple[str, str]]:
+    """Every (scenario, implementation) that runs on SQLite (one isolation: serializable)."""
+    return [(s, i) for s in SQLITE_SCENARIOS for i in implementations
             if s not in LEGACY_ONLY or i == "legacy"]
 
 
@@ -158,7 +202,7 @@ class Control:
         self.path = path
         self.state: dict[str, Any] = {"implementation": "distributed", "leader": 0,
                                       "clock_offset_ms": 0, "stop": False, "relaxed": False,
-                                      "lost_reply_rate": 0.0}
+                                      "lost_reply_rate": 0.0, "hold_round": 0, "held": False}
 
     def write(self, **changes: Any) -> None:
         self.state.update(changes)
@@ -178,6 +222,57 @@ class Standby(Exception):
     """The legacy implementation is active and another worker is the designated leader."""
 
 
+async def cancelled_transaction(oracle: ReopeningOracle, target: str,
+                                rng: random.Random) -> str | None:
+    """Run a transaction on `oracle`'s own backend and cancel it at `target`: "begin" a moment
+    after it started (the nemesis holds the lock it waits for), "body" with its second
+    statement in flight, "commit" with its COMMIT in flight. Returns where the cancellation
+    landed (CANCEL_POINTS, as the body saw it), or None if the transaction ended first."""
+    loop = asyncio.get_running_loop()
+    phase = ["begin"]
+    landed: list[str] = []
+    where = {"timeline": CANCEL_TIMELINE}
+
+    def cancel(task: asyncio.Task[Any]) -> None:
+        if task.cancel():
+            landed.append(phase[0])
+
+    def cancel_at(point: str) -> None:
+        phase[0] = point
+        if target == point:
+            # Runs once this task waits for the statement it sends next (or the COMMIT): the
+            # callback is queued before that statement's reply can be.
+            task = asyncio.current_task()
+            assert task is not None
+            loop.call_soon(cancel, task)
+
+    async def body(tx: tsoracle.store.Tx) -> None:
+        # Writes nothing: the row keeps its values, the history is the oracle's alone.
+        phase[0] = "lock"
+        await tx.fetch("SELECT read_ts FROM {timestamps} WHERE timeline = %(timeline)s"
+                       " FOR UPDATE", where)
+        cancel_at("body")
+        await tx.fetch("UPDATE {timestamps} SET read_ts = read_ts"
+                       " WHERE timeline = %(timeline)s", where)
+        cancel_at("commit")
+
+    async def run(o: tsoracle.TimestampOracle) -> None:
+        await o.backend.transaction(body)
+
+    task = loop.create_task(oracle.call(run))
+    if target == "begin":
+        await asyncio.sleep(0)  # the transaction starts: BEGIN is sent, and waits
+        await asyncio.sleep(rng.uniform(0, 0.01))
+        cancel(task)
+    try:
+        await task  # Standby or an OracleError: no transaction ran
+    except asyncio.CancelledError:
+        if not landed:
+            raise  # this client itself was cancelled
+        return landed[0]
+    return None
+
+
 async def worker(args: argparse.Namespace) -> None:
     url = args.url
     relay = None
@@ -194,6 +289,7 @@ async def worker(args: argparse.Namespace) -> None:
     rec = Recorder(Path(args.out), args.proc, args.run)
     control = Control(Path(args.control))
     state = control.read()
+    cancels = Path(args.out).with_name(f"cancels-{args.proc}.jsonl")  # where they landed
 
     def offset() -> int:
         return state["clock_offset_ms"] if args.clock_skew else 0
@@ -202,7 +298,8 @@ async def worker(args: argparse.Namespace) -> None:
         return time.time_ns() // 1_000_000 + offset()
 
     deadline = time.monotonic() + args.cap  # only if the orchestrator died
-    stats = {"ok": 0, "failed": 0}
+    stats: dict[str, Any] = {"ok": 0, "failed": 0, "cancelled": 0,
+                             "cancelled_transactions": dict.fromkeys(CANCEL_POINTS, 0)}
 
     async def follow() -> None:
         nonlocal state
@@ -244,8 +341,9 @@ async def worker(args: argparse.Namespace) -> None:
 
     # One reopening oracle per timeline (oracle/reopening.py): a fenced call is recorded as
     # failed on the oracle that refused it and runs again, recorded anew, on the reopened one.
+    timelines = TIMELINES + ((CANCEL_TIMELINE,) if args.cancellations else ())
     oracles = {tl: ReopeningOracle(functools.partial(open_timeline, tl), name=tl,
-                                   take_over=True) for tl in TIMELINES}
+                                   take_over=True) for tl in timelines}
 
     async def recorded(o: tsoracle.TimestampOracle, cid: int, tl: str, name: str,
                        arg: int | None = None) -> int:
@@ -270,8 +368,21 @@ async def worker(args: argparse.Namespace) -> None:
         except tsoracle.OracleError as exc:
             rec.ret(op, False, error=type(exc).__name__)
             raise
+        except asyncio.CancelledError:
+            rec.ret(op, False, error="Cancelled")  # its outcome is unknown
+            raise
         rec.ret(op, True, value, wall=clock() if walled else None)
         return value
+
+    async def maybe_cancelled(o: ReopeningOracle, rng: random.Random, **call: Any) -> int:
+        """`o.call(recorded)`, cancelled at a random point for CANCEL_SHARE of the calls
+        (TimeoutError) in the cancelled-transactions scenario."""
+        fn = functools.partial(recorded, **call)
+        if not args.cancellations or rng.random() >= CANCEL_SHARE:
+            return await o.call(fn)
+        async with asyncio.timeout(rng.choice((0.0, rng.uniform(0, 0.002),
+                                               rng.uniform(0, 0.02)))):
+            return await o.call(fn)
 
     async def client(cid: int) -> None:
         caller.set(cid)
@@ -282,17 +393,68 @@ async def worker(args: argparse.Namespace) -> None:
             name = "write" if roll < 0.4 else "peek" if roll < 0.5 else "read"
             oracle = oracles[tl]
             try:
-                value = await oracle.call(functools.partial(recorded, cid=cid, tl=tl, name=name))
+                value = await maybe_cancelled(oracle, rng, cid=cid, tl=tl, name=name)
                 if name == "write" and rng.random() < 0.7:
                     await asyncio.sleep(rng.random() * 0.002)
-                    await oracle.call(functools.partial(recorded, cid=cid, tl=tl,
-                                                        name="apply", arg=value))
+                    await maybe_cancelled(oracle, rng, cid=cid, tl=tl, name="apply", arg=value)
                 stats["ok"] += 1
+            except TimeoutError:
+                stats["cancelled"] += 1
             except Standby:
                 await asyncio.sleep(0.05)
             except tsoracle.OracleError:
                 stats["failed"] += 1
                 await asyncio.sleep(0.01)
+
+    async def canceller(cid: int) -> None:
+        """cancelled-transactions: transactions on CANCEL_TIMELINE's backend, cancelled before
+        their lock while the nemesis holds it, else in the body or at COMMIT in turn; after
+        each, a write, its apply and a read on that oracle, which would run inside anything the
+        cancellation left open.
+
+        A hold comes in rounds: the nemesis announces one (`hold_round`), this client says it
+        is ready (between calls, so that none of its own waits for the lock) and waits for
+        `held`; only then does it start the transaction it cancels before the lock."""
+        caller.set(cid)
+        rng = random.Random(cid)
+        later = 0
+        oracle = oracles[CANCEL_TIMELINE]
+        fd = os.open(cancels, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+
+        def note(**line: Any) -> None:
+            os.write(fd, (json.dumps({**line, "t": time.monotonic_ns()}) + "\n").encode())
+
+        seen_round = state["hold_round"]
+        try:
+            while not state["stop"] and time.monotonic() < deadline:
+                target = ("body", "commit")[later % 2]
+                leading = state["implementation"] != "legacy" or state["leader"] == args.proc
+                if state["hold_round"] != seen_round and leading:
+                    seen_round = state["hold_round"]
+                    note(ready=seen_round)
+                    while not state["held"] and state["hold_round"] == seen_round \
+                            and not state["stop"]:
+                        await asyncio.sleep(0.005)
+                    if state["held"]:
+                        target = "begin"
+                later += target != "begin"
+                try:
+                    landed = await cancelled_transaction(oracle, target, rng)
+                    if landed is not None:
+                        stats["cancelled_transactions"][landed] += 1
+                        note(at=landed, target=target)
+                    call = functools.partial(recorded, cid=cid, tl=CANCEL_TIMELINE)
+                    value = await oracle.call(functools.partial(call, name="write"))
+                    await oracle.call(functools.partial(call, name="apply", arg=value))
+                    await oracle.call(functools.partial(call, name="read"))
+                    stats["ok"] += 1
+                except Standby:
+                    await asyncio.sleep(0.05)
+                except tsoracle.OracleError:
+                    stats["failed"] += 1
+                    await asyncio.sleep(0.01)
+        finally:
+            os.close(fd)
 
     def dump_tasks() -> None:  # SIGUSR1: where every client waits (the runner asks on a stall)
         for task in asyncio.all_tasks():
@@ -306,7 +468,10 @@ async def worker(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
     follower = loop.create_task(follow())
-    await asyncio.gather(*[client(args.proc * 100 + i) for i in range(args.clients)])
+    clients = [client(args.proc * 100 + i) for i in range(args.clients)]
+    if args.cancellations:
+        clients.append(canceller(args.proc * 100 + args.clients))
+    await asyncio.gather(*clients)
     follower.cancel()
     for o in oracles.values():
         await o.close()
@@ -549,6 +714,33 @@ class Stalled(Exception):
     """The run hit its time cap before the history held enough operations: a hang."""
 
 
+@contextlib.contextmanager
+def write_path_held(url: str, *, wait_s: float) -> Iterator[None]:
+    """Hold what every write of the oracle at `url` needs, from this process: SQLite's write
+    lock (BEGIN IMMEDIATE), or on PostgreSQL the row locks of every timeline (writers wait;
+    plain reads do not). Waits up to `wait_s` for a writer in the way."""
+    parsed = parse_url(url)
+    if parsed.kind == "sqlite":
+        lite = sqlite3.connect(parsed.dsn, timeout=wait_s, isolation_level=None)
+        try:
+            lite.execute("BEGIN IMMEDIATE")
+            yield
+            lite.execute("ROLLBACK")
+        finally:
+            lite.close()
+        return
+    with psycopg.connect(parsed.dsn) as conn:
+        # Not the database's default: a SERIALIZABLE FOR UPDATE fails on a row updated since
+        # its snapshot, where READ COMMITTED waits for it and locks the newest version.
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
+            sql.Literal(f"{int(wait_s * 1000)}ms")))
+        conn.execute(sql.SQL("SELECT 1 FROM {} FOR UPDATE").format(
+            sql.Identifier(parsed.schema, "timestamps")))
+        yield
+        conn.rollback()
+
+
 class Nemesis:
     """Faults at fractions of the run's operation count, and the controls workers follow."""
 
@@ -572,6 +764,7 @@ class Nemesis:
         self.flips: Recorder | None = None
         self.strict_at: float | None = None  # when reads stop being recorded as stale-read
         self.dropped: list[tuple[str, int]] = []  # (incarnation, when its tables were gone)
+        self.holds = 0  # cancelled-transactions: times the write path was held
         # (when, offset ms) of the shifted workers' clock, from the start: clock_report()
         self.clock_phases: list[tuple[int, int]] = [(self.started, 0)]
         parts = urlsplit(url)
@@ -620,6 +813,64 @@ class Nemesis:
         asyncio.run(tsoracle.set_fencing(self.url, mode))
         self.fault(f"fencing {mode}")
         self.strict_at = time.monotonic() + STRICT_AGAIN_AFTER_S  # see at()
+
+    def _cancel_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for path in self.out.glob("cancels-*.jsonl"):
+            for raw in path.read_text().splitlines():
+                try:
+                    lines.append(json.loads(raw))
+                except json.JSONDecodeError:
+                    continue  # a line still being written
+        return lines
+
+    def cancellations(self) -> dict[str, int]:
+        """Transactions the workers cancelled so far, by where the cancellation landed."""
+        counts = dict.fromkeys(CANCEL_POINTS, 0)
+        for line in self._cancel_lines():
+            if "at" in line:
+                counts[line["at"]] += 1
+        return counts
+
+    def ready(self, hold_round: int) -> int:
+        """How many cancelling clients are ready for `hold_round`."""
+        return sum(line.get("ready") == hold_round for line in self._cancel_lines())
+
+    def enough_cancellations(self) -> bool:
+        counts = self.cancellations()
+        return (counts["begin"] + counts["lock"] >= CANCELS_PER_POINT
+                and counts["body"] >= CANCELS_PER_POINT
+                and counts["commit"] >= CANCELS_PER_POINT)
+
+    def hold_write_path(self) -> None:
+        """One hold round: announce it, wait until the cancelling clients are ready (legacy:
+        the leader's), hold the write path until a transaction was cancelled waiting for it,
+        let go. Each wait ends after HOLD_MAX_S at most (a leader still starting, say)."""
+        def until(done: Callable[[], bool]) -> None:
+            since = time.monotonic()
+            while not done() and time.monotonic() - since < HOLD_MAX_S:
+                if time.monotonic() > self.deadline:
+                    raise Stalled(f"{self.cancellations()} transactions cancelled before the "
+                                  "time cap")
+                time.sleep(0.01)
+
+        def waiting() -> int:
+            counts = self.cancellations()
+            return counts["begin"] + counts["lock"]
+
+        rounds = self.holds + 1
+        clients = 1 if self.control.state["implementation"] == "legacy" else self.processes
+        self.control.write(hold_round=rounds)
+        until(lambda: self.ready(rounds) >= clients)
+        before = waiting()
+        with write_path_held(self.url, wait_s=30.0):
+            self.control.write(held=True)
+            if not self.holds:
+                self.fault("write path held by another process, until a transaction is "
+                           "cancelled waiting for it; again and again")
+            until(lambda: waiting() > before)
+            self.control.write(held=False)
+        self.holds = rounds
 
     def reprovision(self) -> None:
         """deletionPolicy: Delete, then the operator (or `tsoracle init`) provisions it again."""
@@ -813,6 +1064,12 @@ class Nemesis:
             self.at(0.8)
             self.control.write(lost_reply_rate=0.0)
             self.fault("no more lost replies")
+        elif scenario == "cancelled-transactions":
+            self.at(0.1)
+            while not self.enough_cancellations():
+                self.hold_write_path()
+                self.at((self.progress.poll() + HOLD_SPACING) / self.min_ops)
+            self.fault("transactions cancelled", holds=self.holds, **self.cancellations())
         elif scenario == "takeovers" and self.takeovers:
             for n in range(1, self.takeovers + 1):
                 self.at((self.progress.poll() + TAKEOVER_SPACING) / self.min_ops)
@@ -829,8 +1086,11 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
         processes: int = 4, clients: int = 4, min_ops: int = 3000,
         cap_s: float = DEFAULT_CAP_S, broken: str | None = None,
         isolation: str = "read committed", takeovers: int | None = None,
-        server: LocalPostgres | None = None) -> dict[str, Any]:
+        server: LocalPostgres | None = None, backend: str = "postgresql") -> dict[str, Any]:
     """One scenario until `min_ops` operations completed; `out` must be a new, empty folder.
+
+    `backend` "sqlite" runs on a SQLite file in `out` (SQLITE_SCENARIOS; no url or server;
+    SQLite's transactions are serializable whatever `isolation` says).
 
     `server`: a running PostgreSQL to share (a schema of the run's own in it, on its
     SERIALIZABLE database for that isolation); the OWN_SERVER scenarios start their own anyway.
@@ -842,6 +1102,13 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
     SERIALIZABLE (CockroachDB's only level); it needs the runner's own server (no `url`)."""
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "sqlite" and scenario not in SQLITE_SCENARIOS:
+        raise ValueError(f"the {scenario} scenario runs on PostgreSQL only; on SQLite: "
+                         f"{', '.join(SQLITE_SCENARIOS)}")
+    if backend == "sqlite" and (url is not None or server is not None):
+        raise ValueError("a SQLite run makes its own file in `out`: leave out url and server")
     if url is not None and server is not None:
         raise ValueError("give url or server, not both")
     if url is not None and isolation != "read committed":
@@ -863,7 +1130,7 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
         return _run(scenario, implementation, out=out, url=url, processes=processes,
                     clients=clients, min_ops=min_ops, cap_s=cap_s, broken=broken,
                     isolation=isolation, ns=ns, takeovers=takeovers,
-                    server=None if scenario in OWN_SERVER else server)
+                    server=None if scenario in OWN_SERVER else server, backend=backend)
     finally:
         if ns is not None:
             ns.down()
@@ -872,10 +1139,13 @@ def run(scenario: str, implementation: str, *, out: Path, url: str | None = None
 def _run(scenario: str, implementation: str, *, out: Path, url: str | None, processes: int,
          clients: int, min_ops: int, cap_s: float, broken: str | None, isolation: str,
          ns: NetNamespace | None, takeovers: int | None,
-         server: LocalPostgres | None) -> dict[str, Any]:
+         server: LocalPostgres | None, backend: str) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:12]
     pg = None
-    if server is not None:
+    if backend == "sqlite":
+        url = f"sqlite:///{out / 'oracle.db'}"
+        isolation = "serializable"  # SQLite's only level
+    elif server is not None:
         url = server.serializable_url() if isolation == "serializable" else server.url()
     elif url is None:
         pg = LocalPostgres(out / "pg", extra_listen=((ns.host_ip, ns.subnet),) if ns else ())
@@ -883,7 +1153,9 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
         if isolation == "serializable":
             url = pg.serializable_url()
     url = f"{url}?schema=lin_{scenario.replace('-', '_')}_{implementation}_{run_id}"
-    asyncio.run(tsoracle.init(url, timelines=list(TIMELINES), implementation=implementation))
+    cancelling = scenario == "cancelled-transactions"
+    timelines = TIMELINES + ((CANCEL_TIMELINE,) if cancelling else ())
+    asyncio.run(tsoracle.init(url, timelines=list(timelines), implementation=implementation))
     control = Control(out / "control.json")
     control.write(implementation=implementation, leader=0)
     procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -913,6 +1185,8 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
             argv += ["--spark-client"]
         if scenario == "lost-replies":
             argv += ["--lossy"]
+        if cancelling:
+            argv += ["--cancellations"]
         if broken:
             argv += ["--broken", broken]
         with open(out / f"worker-{i}.log", "ab") as log:  # a pipe nobody reads would fill up
@@ -946,10 +1220,18 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+    if cancelling and not stalled:
+        try:
+            asyncio.run(opened_after_close(
+                url, timelines, str(control.state["implementation"]),
+                Recorder(out / "after-close.jsonl", 98, run_id)))
+        except tsoracle.OracleError as exc:
+            nemesis_errors.append(f"opening the timelines after the run: {exc!r}")
     ended = time.monotonic_ns()
     if pg is not None:
         pg.destroy()
-    paths = sorted(out.glob("worker-*.jsonl")) + sorted(out.glob("flips.jsonl"))
+    paths = sorted(out.glob("worker-*.jsonl")) + sorted(out.glob("flips.jsonl")) \
+        + sorted(out.glob("after-close.jsonl"))
     problems, completed = invariants(paths)
     problems += served_after_drop(paths, nemesis.dropped)
     clock_problems, clock = clock_report(paths, nemesis.clock_phases, started)
@@ -978,7 +1260,7 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
                          and not nemesis_errors) else "FAIL"
     summary = {
         "scenario": scenario, "implementation": implementation, "isolation": isolation,
-        "run": run_id,
+        "backend": backend, "run": run_id,
         "processes": processes, "clients_per_process": clients, "min_ops": min_ops,
         "ops_checked": checked["ops"], "completed_ops": completed,
         "seconds": round((ended - started) / 1e9, 1), "faults": nemesis.faults,
@@ -991,6 +1273,11 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
         "retries": {r: sum(w.get("retries", {}).get(r, 0) for w in workers)
                     for r in sorted({r for w in workers for r in w.get("retries", {})})},
         "replies_lost": sum(w.get("replies_lost", 0) for w in workers),
+        # cancelled-transactions: transactions cancelled by where it landed, write-path holds,
+        # and calls recorded as cancelled (their outcome unknown).
+        "cancellations": nemesis.cancellations() if cancelling else None,
+        "holds": nemesis.holds,
+        "cancelled_calls": sum(p.read_text().count('"error": "Cancelled"') for p in paths),
         "partitioned_calls": cut_off,
         # Writes served and refused (ClockSkew) per clock phase, and what the metric counted.
         "clock": {**clock, "counted": {op: sum(w.get("clock_skew_counted", {}).get(op, 0)
@@ -1005,6 +1292,23 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
             for log in sorted(out.glob("worker-*.log"))}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+async def opened_after_close(url: str, timelines: tuple[str, ...], implementation: str,
+                             rec: Recorder) -> None:
+    """Another process opens every timeline once the workers are gone (a legacy one takes it
+    over, recorded as a `reset`) and takes one write timestamp: it must be above everything
+    handed out, which a transaction left open at close (and rolled back) would have undone."""
+    for tl in timelines:
+        op = rec.call(9998, tl, "reset") if implementation == "legacy" else None
+        o = await tsoracle.open_oracle(url, timeline=tl, implementation=implementation)
+        try:
+            if op is not None:
+                rec.ret(op, True, o.resumed_at)  # type: ignore[attr-defined]
+            op = rec.call(9998, tl, "write")
+            rec.ret(op, True, (await o.write_ts()).timestamp)
+        finally:
+            await o.close()
 
 
 def partitioned_calls(path: Path, window: tuple[int, int], run_end: int) -> dict[str, Any]:
@@ -1047,7 +1351,7 @@ def worker_stats(out: Path) -> list[dict[str, Any]]:
 def print_summary(s: dict[str, Any]) -> None:
     retried = {k: int(v) for k, v in s.get("retries", {}).items() if v}
     print(f"[{s['verdict']}] {s['scenario']:<12} {s['implementation']:<11} "
-          f"{s.get('isolation', 'read committed'):<14} "
+          f"{s.get('backend', 'postgresql'):<10} {s.get('isolation', 'read committed'):<14} "
           f"ops checked {s['ops_checked']:>6} in {s['seconds']:>5} s  throughput before "
           f"faults {s['throughput_before_faults_ops_s']:>5}/s  faults {len(s['faults'])}  "
           f"porcupine {s['porcupine']} ({s['porcupine_seconds']} s)  invariants "
@@ -1055,6 +1359,9 @@ def print_summary(s: dict[str, Any]) -> None:
           f"errors {s.get('client_errors', 0)}  retried {retried or 0}", flush=True)
     for f in s["faults"]:
         print(f"      {f}", flush=True)
+    if s.get("cancellations"):
+        print(f"      transactions cancelled {s['cancellations']} over {s['holds']} holds, "
+              f"calls cancelled {s['cancelled_calls']}", flush=True)
     if s["stalled"]:
         print(f"      stalled: {s['stalled']}", flush=True)
 
@@ -1080,6 +1387,8 @@ def main() -> int:
                    help="reach PostgreSQL through a relay that loses replies (lost-replies)")
     w.add_argument("--spark-client", action="store_true",
                    help="drive the oracle through the Spark driver's OracleClient")
+    w.add_argument("--cancellations", action="store_true",
+                   help="cancel calls and transactions (cancelled-transactions)")
     for name in ("run", "all", "soak"):
         r = sub.add_parser(name)
         r.add_argument("--min-ops", type=int, default=3000 if name != "soak" else 100_000,
@@ -1094,6 +1403,8 @@ def main() -> int:
             r.add_argument("--implementation", choices=("distributed", "legacy"),
                            required=True)
             r.add_argument("--isolation", choices=ISOLATIONS, default="read committed")
+            r.add_argument("--backend", choices=BACKENDS, default="postgresql",
+                           help=f"sqlite: {', '.join(SQLITE_SCENARIOS)} only")
     a = p.parse_args()
     if a.cmd == "worker":
         if a.spark_client:
@@ -1101,15 +1412,20 @@ def main() -> int:
         else:
             asyncio.run(worker(a))
         return 0
-    todo = ([(a.scenario, a.implementation, a.isolation)] if a.cmd == "run" else combos())
+    todo = ([(a.scenario, a.implementation, a.isolation, a.backend)] if a.cmd == "run" else
+            [(*c, "postgresql") for c in combos()]
+            + [(s, i, "serializable", "sqlite") for s, i in sqlite_combos()])
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     base = Path(a.out) if a.out else CHECKOUT / ".lincheck" / stamp
     failed = 0
-    for scenario, impl, isolation in todo:
-        name = f"{scenario}-{impl}" + ("-serializable" if isolation == "serializable" else "")
+    for scenario, impl, isolation, backend in todo:
+        name = f"{scenario}-{impl}" + ("-sqlite" if backend == "sqlite" else
+                                       "-serializable" if isolation == "serializable" else "")
         try:
             s = run(scenario, impl, out=base / name, processes=a.processes,
-                    clients=a.clients, min_ops=a.min_ops, cap_s=a.cap, isolation=isolation)
+                    clients=a.clients, min_ops=a.min_ops, cap_s=a.cap,
+                    isolation="read committed" if backend == "sqlite" else isolation,
+                    backend=backend)
         except ValueError as exc:
             print(f"lincheck: error: {exc}", file=sys.stderr)
             return 2

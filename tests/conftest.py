@@ -246,3 +246,15 @@ def oracle_ns(kube: Kube, chart, database: str, tmp_path: Path):
     op = Operator(chart.kubeconfig, ns, tmp_path / "operator.log").start()
     yield SimpleNamespace(name=ns, url=database, operator=op, log=tmp_path / "operator.log")
     op.stop()
+
+
+@pytest.fixture
+def operator_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """The (reason, message) of the Events the operator's executor posts with kopf.info, which
+    posts them only inside a running operator."""
+    from tsoracle.operator import execute
+
+    posted: list[tuple[str, str]] = []
+    monkeypatch.setattr(execute.kopf, "info",
+                        lambda body, *, reason, message: posted.append((reason, message)))
+    return posted

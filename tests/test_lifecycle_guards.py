@@ -34,13 +34,6 @@ def spec(implementation: str, fencing: str = "Always", window: int = 30) -> obje
                        "rolloutWindowSeconds": window})
 
 
-@pytest.fixture
-def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    posted: list[tuple[str, str]] = []
-    monkeypatch.setattr(execute.kopf, "info",
-                        lambda body, *, reason, message: posted.append((reason, message)))
-    return posted
-
 
 async def _pass(backend, owner: Owner, implementation: str, generation: int,
                 status: dict, fencing: str = "Always") -> object:
@@ -55,7 +48,7 @@ async def _run(backend, todo) -> execute.Pass:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("backend_kind", ["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
 def test_a_paused_pass_of_a_deleted_resource_changes_nothing_after_adoption(
-        backend_kind, request, events):
+        backend_kind, request, operator_events):
     """Defect 1: the old resource's generation-7 pass plans a flip to legacy and pauses; the
     resource is deleted (Retain) and re-created; the new one adopts at generation 1. The old
     pass resumes: it must change nothing, and the new owner is not stuck."""
@@ -79,7 +72,7 @@ def test_a_paused_pass_of_a_deleted_resource_changes_nothing_after_adoption(
             assert done.flipped and not done.stale
 
     asyncio.run(go())
-    assert [r for r, _ in events] == ["Flipped"]
+    assert [r for r, _ in operator_events] == ["Flipped"]
 
 
 def test_a_counters_pace_is_measured_from_zero():
@@ -93,7 +86,7 @@ def test_a_counters_pace_is_measured_from_zero():
     assert target >= 1_900_000
 
 
-def test_a_resource_adopting_mid_rollout_keeps_the_window_open(sqlite_url, events):
+def test_a_resource_adopting_mid_rollout_keeps_the_window_open(sqlite_url, operator_events):
     """Defect 5: a flip opened a rollout window a moment ago; a resource that adopts the
     schema (empty status) must not end the window at once."""
 

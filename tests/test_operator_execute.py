@@ -25,14 +25,6 @@ def by(generation: int) -> PlannedBy:
     return PlannedBy(OWNER.tag, generation)
 
 
-@pytest.fixture
-def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """The Events the executor posts (kopf posts them only inside a running operator)."""
-    posted: list[tuple[str, str]] = []
-    monkeypatch.setattr(execute.kopf, "info",
-                        lambda body, *, reason, message: posted.append((reason, message)))
-    return posted
-
 
 def test_hold_provisions_claims_and_refuses_another_owner(sqlite_url):
     async def go() -> None:
@@ -45,7 +37,8 @@ def test_hold_provisions_claims_and_refuses_another_owner(sqlite_url):
     asyncio.run(go())
 
 
-def test_steps_run_in_order_and_skip_what_earlier_ones_made_moot(sqlite_url, events, caplog):
+def test_steps_run_in_order_and_skip_what_earlier_ones_made_moot(sqlite_url, operator_events,
+                                                                  caplog):
     caplog.set_level(logging.INFO, "tsoracle.operator")
 
     async def run(backend, *steps) -> execute.Pass:  # type: ignore[no-untyped-def]
@@ -81,7 +74,7 @@ def test_steps_run_in_order_and_skip_what_earlier_ones_made_moot(sqlite_url, eve
             assert (done.dep.fence, done.dep.rollout) == ("Always", False)
 
     asyncio.run(go())
-    assert [m for r, m in events if r == "Flipped"] == [
+    assert [m for r, m in operator_events if r == "Flipped"] == [
         "implementation distributed -> legacy, epoch 2; bootstrap EpochMilliseconds=0",
         "implementation distributed -> legacy, epoch 2; bootstrap EpochMilliseconds=0",
         "implementation legacy -> distributed, epoch 3; bootstrap EpochMilliseconds=0",

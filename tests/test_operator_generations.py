@@ -15,7 +15,6 @@ import datetime as dt
 import json
 import uuid
 
-import pytest
 from kubernetes import config
 
 import tsoracle
@@ -39,14 +38,6 @@ def spec(implementation: str, fencing: str = "Rollout") -> object:
                        "rolloutWindowSeconds": 30})
 
 
-@pytest.fixture
-def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """The Events the executor posts (kopf posts them only inside a running operator)."""
-    posted: list[tuple[str, str]] = []
-    monkeypatch.setattr(execute.kopf, "info",
-                        lambda body, *, reason, message: posted.append((reason, message)))
-    return posted
-
 
 async def _planned(backend, implementation: str, generation: int, status: dict,
                    clock: FlipClock | None = None) -> object:
@@ -63,7 +54,7 @@ async def _run(backend, todo) -> execute.Pass:  # type: ignore[no-untyped-def]
     return await execute.run(todo, execute.Pass(backend, {}, REF, dep))
 
 
-def test_a_paused_pass_of_an_older_generation_changes_nothing(pg, events):
+def test_a_paused_pass_of_an_older_generation_changes_nothing(pg, operator_events):
     """Gen 4 asks for legacy; replica A plans it and pauses; gen 5 reverts it; replica B finds
     nothing to do. A resumes: its flip must be refused, or every client is fenced twice."""
     url = f"{pg.url()}?schema=g_{uuid.uuid4().hex[:8]}"
@@ -84,10 +75,10 @@ def test_a_paused_pass_of_an_older_generation_changes_nothing(pg, events):
             assert done.flipped and (await read_deployment(backend)).epoch == 2
 
     asyncio.run(go())
-    assert [r for r, _ in events] == ["Flipped"]
+    assert [r for r, _ in operator_events] == ["Flipped"]
 
 
-def test_a_stale_pass_never_ends_a_newer_flips_rollout_window(pg, events):
+def test_a_stale_pass_never_ends_a_newer_flips_rollout_window(pg, operator_events):
     url = f"{pg.url()}?schema=g_{uuid.uuid4().hex[:8]}"
 
     async def go() -> None:

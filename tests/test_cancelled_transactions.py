@@ -102,12 +102,14 @@ async def open_sqlite(path: Path) -> SqliteBackend:
     return backend
 
 
-def insert(note: str, reached: asyncio.Event | None = None,
-           hold: asyncio.Event | None = None) -> Callable[[Tx], Any]:
-    """A transaction body that inserts `note`; it sets `reached` once the row is written and
-    then waits for `hold` (a body still running)."""
+def writing(statements: list[tuple[str, dict[str, Any]]], note: str,
+            reached: asyncio.Event | None = None,
+            hold: asyncio.Event | None = None) -> Callable[[Tx], Any]:
+    """A transaction body that runs `statements` and returns `note`; it sets `reached` once
+    they ran and then waits for `hold` (a body still running)."""
     async def body(tx: Tx) -> str:
-        await tx.fetch("INSERT INTO items (note) VALUES (%(n)s)", {"n": note})
+        for statement, params in statements:
+            await tx.fetch(statement, params)
         if reached is not None:
             reached.set()
         if hold is not None:
@@ -115,6 +117,13 @@ def insert(note: str, reached: asyncio.Event | None = None,
         return note
 
     return body
+
+
+def insert(note: str, reached: asyncio.Event | None = None,
+           hold: asyncio.Event | None = None) -> Callable[[Tx], Any]:
+    """A body that inserts `note` (see `writing`)."""
+    return writing([("INSERT INTO items (note) VALUES (%(n)s)", {"n": note})], note, reached,
+                   hold)
 
 
 def notes(path: Path) -> list[str]:
@@ -607,19 +616,11 @@ class PgCase:
 def pg_insert(table: str, key: int, note: str, reached: asyncio.Event | None = None,
               hold: asyncio.Event | None = None, lock_first: bool = False
               ) -> Callable[[Tx], Any]:
-    """A body inserting (`key`, `note`), after locking row 0 if `lock_first`; then as
-    `insert`'s `reached` and `hold`."""
-    async def body(tx: Tx) -> str:
-        if lock_first:
-            await tx.fetch(f"SELECT note FROM {table} WHERE id = 0 FOR UPDATE")
-        await tx.fetch(f"INSERT INTO {table} VALUES (%(k)s, %(n)s)", {"k": key, "n": note})
-        if reached is not None:
-            reached.set()
-        if hold is not None:
-            await hold.wait()
-        return note
-
-    return body
+    """A body inserting (`key`, `note`), after locking row 0 if `lock_first` (see
+    `writing`)."""
+    lock = [(f"SELECT note FROM {table} WHERE id = 0 FOR UPDATE", {})] if lock_first else []
+    return writing([*lock, (f"INSERT INTO {table} VALUES (%(k)s, %(n)s)",
+                            {"k": key, "n": note})], note, reached, hold)
 
 
 @pytest.fixture

@@ -53,8 +53,8 @@ def test_the_policy_names_what_is_done(policy, what):
 def test_what_a_deletion_does_to_the_deployment_it_finds():
     assert deletion_step(None, OWNER, "drop") == DeletionStep("finish")
     assert deletion_step(None, OWNER, "release") == DeletionStep("nothing")
-    assert deletion_step(found(), OWNER, "drop") == DeletionStep("drop")
-    assert deletion_step(found(""), OWNER, "release") == DeletionStep("release")
+    assert deletion_step(found(), OWNER, "drop") == DeletionStep("drop", epoch=4)
+    assert deletion_step(found(""), OWNER, "release") == DeletionStep("release", epoch=4)
     assert deletion_step(found("ns/other/uid-2"), OWNER, "drop") == \
         DeletionStep("foreign", "ns/other (uid uid-2)")
 

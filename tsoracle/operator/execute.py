@@ -319,32 +319,31 @@ async def drop_or_release(backend: Backend, start: DeletionStart, owner: Owner,
     """What deletionPolicy asks, to the deployment in the schema, if this resource owns it."""
     assert start.spec is not None
     schema_name = start.spec.schema
-    found = await find_deployment(backend)
-    step = deletion_step(found, owner, start.what)
-    if step.action in ("finish", "drop"):
-        gone = await drop_deployment(backend)
-        also = " and the schema" if gone else ""
-        if found is None:
-            log.info("%s: deleted; schema %r holds no tsoracle deployment; dropped what was "
-                     "left of tsoracle's tables%s", ref, schema_name, also)
-            return
-        log.info("%s: deleted; dropped tsoracle's tables in schema %r%s (deletionPolicy "
-                 "Delete, epoch %d)", ref, schema_name, also, found.epoch)
-        kopf.info(body, reason="Dropped",
-                  message=f"dropped tsoracle's tables in schema {schema_name!r}")
-    elif step.action == "release" and found is not None:
-        await release(backend, owner.tag)
-        log.info("%s: deleted; retained schema %r at epoch %d, ownership released "
-                 "(deletionPolicy Retain)", ref, schema_name, found.epoch)
-    elif step.action == "foreign":
-        log.warning("%s: deletion skipped: schema %r belongs to TimestampOracle %s; "
-                    "nothing was dropped or released", ref, schema_name, step.other)
-        kopf.warn(body, reason="DeletionSkipped",
-                  message=f"schema {schema_name!r} belongs to another TimestampOracle; "
-                          "nothing was dropped or released")
-    else:
-        log.info("%s: deleted; schema %r holds no tsoracle deployment, nothing to %s",
-                 ref, schema_name, start.what)
+    step = deletion_step(await find_deployment(backend), owner, start.what)
+    match step.action:
+        case "finish" | "drop":
+            also = " and the schema" if await drop_deployment(backend) else ""
+            if step.action == "finish":
+                log.info("%s: deleted; schema %r holds no tsoracle deployment; dropped what "
+                         "was left of tsoracle's tables%s", ref, schema_name, also)
+                return
+            log.info("%s: deleted; dropped tsoracle's tables in schema %r%s (deletionPolicy "
+                     "Delete, epoch %d)", ref, schema_name, also, step.epoch)
+            kopf.info(body, reason="Dropped",
+                      message=f"dropped tsoracle's tables in schema {schema_name!r}")
+        case "release":
+            await release(backend, owner.tag)
+            log.info("%s: deleted; retained schema %r at epoch %d, ownership released "
+                     "(deletionPolicy Retain)", ref, schema_name, step.epoch)
+        case "foreign":
+            log.warning("%s: deletion skipped: schema %r belongs to TimestampOracle %s; "
+                        "nothing was dropped or released", ref, schema_name, step.other)
+            kopf.warn(body, reason="DeletionSkipped",
+                      message=f"schema {schema_name!r} belongs to another TimestampOracle; "
+                              "nothing was dropped or released")
+        case _:
+            log.info("%s: deleted; schema %r holds no tsoracle deployment, nothing to %s",
+                     ref, schema_name, start.what)
 
 
 async def deletion_failed(failure: DeletionFailure, namespace: str, name: str,

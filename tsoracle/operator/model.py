@@ -660,6 +660,7 @@ class DeletionStep:
 
     action: str
     other: str = ""  # "foreign": the namespace/name of the owner
+    epoch: int = 0  # "drop", "release": the deployment's epoch, for the log
 
 
 def deletion_step(found: Deployment | None, owner: Owner, what: str) -> DeletionStep:
@@ -671,7 +672,7 @@ def deletion_step(found: Deployment | None, owner: Owner, what: str) -> Deletion
         # The uid too: the owner may be a resource of this very name, created again.
         ns, name, uid = (found.owner.split("/", 2) + ["", ""])[:3]
         return DeletionStep("foreign", f"{ns}/{name} (uid {uid or '-'})")
-    return DeletionStep(what)
+    return DeletionStep(what, epoch=found.epoch)
 
 
 @dataclass(frozen=True)

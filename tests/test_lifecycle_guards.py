@@ -13,7 +13,13 @@ import time
 import pytest
 
 import tsoracle
-from tsoracle.fencing import read_deployment
+from tsoracle.fencing import (
+    FlipClock,
+    PlannedBy,
+    read_deployment,
+    read_flip_clock,
+    start_flip_clock,
+)
 from tsoracle.operator import execute
 from tsoracle.operator.model import HighWater, Observation, plan, rewind_targets
 from tsoracle.operator.ownership import Owner
@@ -167,3 +173,24 @@ def test_an_operator_stopped_mid_pass_changes_nothing_after_its_resource_was_rep
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.parametrize("stored", [0, -5, 2**62])
+def test_an_unusable_window_time_is_replaced_by_the_owners_clock(sqlite_url, stored):
+    """A flip time that is missing, negative or ahead of the operator's clock (a hand-edited
+    row, a flipping host's clock ahead) is replaced, so the window ends a whole window later."""
+    at = int(NOW.timestamp() * 1000)
+
+    async def go() -> None:
+        async with admin_backend(sqlite_url, create=True) as backend:
+            await execute.hold(backend, spec("distributed", "Rollout"), OLD, {}, REF)
+            dep = await read_deployment(backend)
+            await backend.fetch("UPDATE {deployment} SET flip_epoch = %(e)s, flipped_ms ="
+                                " %(t)s WHERE id = 1", {"e": dep.epoch, "t": stored})
+            by = PlannedBy(OLD.tag, 1)
+            assert not await start_flip_clock(backend, dep.epoch, at, PlannedBy(NEW.tag, 1))
+            assert await start_flip_clock(backend, dep.epoch, at, by)
+            assert await read_flip_clock(backend) == FlipClock(dep.epoch, at)
+            assert not await start_flip_clock(backend, dep.epoch, at + 1, by)  # timed now
+
+    asyncio.run(go())

@@ -123,8 +123,11 @@ def test_a_rollout_ends_when_its_window_has_passed(flipped_s_ago, over):
     assert todo == ((FinishRollout(by(7), 3),) if over else ())
 
 
-@pytest.mark.parametrize("clock", [None, FlipClock(0, 0), FlipClock(2, 1), FlipClock(3, 0)],
-                         ids=["not-read", "never-recorded", "an-earlier-epoch", "no-time"])
+@pytest.mark.parametrize("clock", [None, FlipClock(0, 0), FlipClock(2, 1), FlipClock(3, 0),
+                                   FlipClock(3, -5), FlipClock(3, 2**63 - 1),
+                                   FlipClock(3, int(NOW.timestamp() * 1000) + 1)],
+                         ids=["not-read", "never-recorded", "an-earlier-epoch", "no-time",
+                              "negative", "beyond-year-9999", "ahead-of-this-clock"])
 def test_a_rollout_window_nothing_times_starts_now_and_stays_open(clock):
     # A schema from an earlier release, or an epoch a repair moved: the window runs from now.
     long_ago = status(lastFlipTime="2026-01-01T00:00:00Z")

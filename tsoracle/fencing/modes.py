@@ -262,11 +262,13 @@ async def read_flip_clock(backend: Backend) -> FlipClock:
 
 
 async def start_flip_clock(backend: Backend, epoch: int, at_ms: int, by: PlannedBy) -> bool:
-    """Time the window of `epoch` from `at_ms`, where nothing times it yet (see FlipClock);
-    only for the owner. Returns whether this call set it."""
+    """Time the window of `epoch` from `at_ms`, where nothing times it usably yet (another
+    epoch's time, none, or one after `at_ms`); only for the owner. Returns whether this call
+    set it."""
     rows = await backend.fetch(
         "UPDATE {deployment} SET flip_epoch = %(epoch)s, flipped_ms = %(at)s"
         " WHERE id = 1 AND epoch = %(epoch)s AND owner = %(owner)s"
-        " AND (flip_epoch <> %(epoch)s OR flipped_ms = 0) RETURNING epoch",
+        " AND (flip_epoch <> %(epoch)s OR flipped_ms <= 0 OR flipped_ms > %(at)s)"
+        " RETURNING epoch",
         {"epoch": epoch, "at": at_ms, "owner": by.owner})
     return bool(rows)

@@ -261,9 +261,9 @@ async def _finish_rollout(step: FinishRollout, p: Pass) -> None:
 async def _start_rollout_clock(step: StartRolloutClock, p: Pass) -> None:
     at_ms = int(step.at.timestamp() * 1000)
     if await start_flip_clock(p.backend, step.epoch, at_ms, step.by):
-        log.info("%s: nothing recorded when the rollout window of epoch %d opened (a schema "
-                 "from an earlier release, or a repair moved the epoch): it runs from now",
-                 p.ref, step.epoch)
+        log.info("%s: nothing usable recorded when the rollout window of epoch %d opened (a "
+                 "schema from an earlier release, a repair moved the epoch, or a time ahead "
+                 "of this operator's clock): it runs from now", p.ref, step.epoch)
 
 
 # The API server's answers that a retry of the same objects will not change.

@@ -114,8 +114,9 @@ class FinishRollout:
 
 @dataclass(frozen=True)
 class StartRolloutClock:
-    """Nothing in the database times the rollout window of `epoch` (a schema from an earlier
-    release, an epoch a restore repair moved): time it from `at` (a whole window from now)."""
+    """Nothing in the database times the rollout window of `epoch` usably (a schema from an
+    earlier release, an epoch a restore repair moved, a time ahead of this operator's clock):
+    time it from `at` (a whole window from now)."""
 
     by: PlannedBy
     epoch: int
@@ -240,10 +241,12 @@ def rollout_steps(obs: Observation) -> list[Step]:
     (whoever made it: this resource, its predecessor, `tsoracle flip`), has passed. Where
     nothing records it, the window starts now: fencing longer is safe, ending early is not."""
     clock, dep = obs.flip_clock, obs.deployment
-    if clock is None or not clock.times(dep):
+    now_ms = int(obs.now.timestamp() * 1000)
+    # A time ahead of this clock (a flipping host's clock ahead, a row edited by hand) would
+    # hold the window open until then: it starts from now instead, like an unrecorded one.
+    if clock is None or not clock.times(dep) or clock.at_ms > now_ms:
         return [StartRolloutClock(obs.by, dep.epoch, obs.now)]
-    opened = dt.datetime.fromtimestamp(clock.at_ms / 1000, dt.UTC)
-    if (obs.now - opened).total_seconds() >= obs.spec.rollout_window_s:
+    if now_ms - clock.at_ms >= obs.spec.rollout_window_s * 1000:
         return [FinishRollout(obs.by, dep.epoch)]
     return []
 

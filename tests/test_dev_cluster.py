@@ -108,6 +108,26 @@ def test_a_missing_go_is_one_line_naming_its_package(tmp_path, args):
     assert not (state / "cluster.json").exists()  # nothing started
 
 
+def test_a_new_go_toolchain_names_new_binaries(tmp_path):
+    """Each cached Go binary's name is keyed by the toolchain too: the same sources built by
+    another Go are another binary, so a newer go on PATH never runs an older build."""
+    fake = tmp_path / "fake-go"
+    fake.mkdir()
+    (fake / "go").write_text("#!/bin/sh\necho go1.99.0\n")
+    (fake / "go").chmod(0o755)
+    probe = ("from tsoracle_dev.controlplane.cluster import _recipe; "
+             "from tsoracle_dev.lincheck.runner import checker_path; "
+             "print(_recipe('etcd', 'v3.6.16'), checker_path().name)")
+    keys = []
+    for path in (os.environ["PATH"], f"{fake}{os.pathsep}{os.environ['PATH']}"):
+        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                              env={**os.environ, "PATH": path}, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        keys.append(proc.stdout.strip())
+    (etcd, checker), (etcd_new, checker_new) = (k.split() for k in keys)
+    assert etcd != etcd_new and checker != checker_new, keys
+
+
 def test_missing_node_programs_name_their_debian_packages(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", path_without(tmp_path, "containerd", "runc", "conntrack"))
     problems = missing_prerequisites()

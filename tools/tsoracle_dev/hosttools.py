@@ -7,6 +7,7 @@ since into the same line.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -96,12 +97,19 @@ def need(*names: str | Path) -> None:
         raise MissingTool("; ".join(gone))
 
 
+@functools.cache
+def go_version() -> str:
+    """The `go` on PATH's toolchain (go1.26.8): part of every cached Go binary's key, since a
+    new toolchain builds a different binary from the same sources."""
+    need("go")
+    return run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
+
+
 def need_go(module: Path | None = None) -> None:
     """Raise MissingTool unless the `go` on PATH can build `module` (a folder with a go.mod;
     default: every module of the dev cluster)."""
-    need("go")
     want = _go_line(module / "go.mod") if module else go_minimum()
-    version = run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
+    version = go_version()
     match = re.search(r"go(\d+)\.(\d+)", version)
     if match and (int(match[1]), int(match[2])) < want:
         raise MissingTool(f"the go on PATH is {version}, and the dev cluster's Go modules need "

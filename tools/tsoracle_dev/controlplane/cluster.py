@@ -90,7 +90,8 @@ def version_ldflags(name: str, version: str) -> list[str]:
 
 def _recipe(name: str, version: str) -> str:
     """A digest of everything that decides the binary, so a changed recipe rebuilds it."""
-    digest = hashlib.sha256(" ".join(version_ldflags(name, version)).encode())
+    digest = hashlib.sha256(" ".join([hosttools.go_version(),
+                                      *version_ldflags(name, version)]).encode())
     for source in sorted((HERE / name).iterdir()):
         digest.update(source.name.encode() + source.read_bytes())
     return digest.hexdigest()[:10]

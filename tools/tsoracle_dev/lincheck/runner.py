@@ -81,7 +81,7 @@ from tsoracle.oracle.options import DEFAULT_MAX_CLOCK_SKEW_MS
 from tsoracle.oracle.reopening import ReopeningOracle
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
 from tsoracle.store import parse_url
-from tsoracle_dev import CHECKOUT
+from tsoracle_dev import CHECKOUT, hosttools
 from tsoracle_dev.lincheck.history import Op, check
 from tsoracle_dev.lincheck.netns import NamespaceUnavailable, NetNamespace
 from tsoracle_dev.localpg import LocalPostgres
@@ -555,12 +555,17 @@ class Progress:
         return self.ok
 
 
-def checker_binary() -> Path:
-    """The Go checker, built once per source version (named by a digest of its sources)."""
-    digest = hashlib.sha256()
+def checker_path() -> Path:
+    """Where the Go checker of these sources and this toolchain is cached (a digest of both)."""
+    digest = hashlib.sha256(hosttools.go_version().encode())
     for source in sorted(HERE.glob("*.go")) + [HERE / "go.mod", HERE / "go.sum"]:
         digest.update(source.name.encode() + source.read_bytes())
-    out = CACHE / f"lincheck-{digest.hexdigest()[:10]}"
+    return CACHE / f"lincheck-{digest.hexdigest()[:10]}"
+
+
+def checker_binary() -> Path:
+    """The Go checker, built on first use."""
+    out = checker_path()
     if not out.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}

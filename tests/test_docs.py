@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -138,9 +139,12 @@ class Session:
         else:
             list(yaml.safe_load_all(source)) if block.lang == "yaml" else json.loads(source)
             return
+        started = time.monotonic()
         proc = subprocess.run(argv, cwd=self.workdir, env=self.env, capture_output=True,
                               text=True, timeout=900,
                               input=source if argv[0] == "kubectl" else None)
+        # Where a page's time goes (shown with -s, or beside a failure).
+        print(f"{block}: {time.monotonic() - started:.1f} s")
         assert proc.returncode == 0, (
             f"{block} failed with exit code {proc.returncode}\n--- block\n{source}"
             f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")

@@ -345,3 +345,37 @@ def test_the_spark_demo_uses_a_schema_of_its_own():
     example = yaml.safe_load((spark_k8s.CHECKOUT / "examples" / "timestamporacle.yaml")
                              .read_text())
     assert spark_k8s.DEMO_SCHEMA != example["spec"]["backend"]["schema"]
+
+
+def _driver(writer_ts: list[int], read_ts: int, rows: int) -> dict:
+    return {"failures": [], "appends": [{"batch": b, "ts": ts} for b, ts in enumerate(writer_ts)],
+            "final": {"read_ts": read_ts, "rows": rows, "distinct": rows}}
+
+
+def test_the_spark_demo_checks_what_two_drivers_across_a_flip_must_show():
+    """`make spark-k8s-demo` (run on the node by the guides chain) is where two drivers across
+    a flip back to distributed are asserted: each way the run can go wrong fails its check."""
+    from tsoracle_dev.spark_k8s import DEMO_BATCHES, DEMO_ROWS, demo_checks
+
+    bootstrap = 1_000
+    x = [990 + 10 * b for b in range(DEMO_BATCHES)]  # the first on legacy, then distributed
+    y = [1_005 + 10 * b for b in range(DEMO_BATCHES)]  # submitted as the flip began
+    rows = 2 * DEMO_BATCHES * DEMO_ROWS
+
+    def held(reports=None, boot=bootstrap, through=True) -> list[bool]:
+        reports = reports or {"x": _driver(x, 2_000, rows // 2), "y": _driver(y, 2_100, rows)}
+        return [ok for _, ok in demo_checks(reports, boot, through)]
+
+    assert held() == [True] * 5
+    failed = {w: _driver(s, r, n) for w, s, r, n in (("x", x, 2_000, 600), ("y", y, 2_100, rows))}
+    failed["x"]["failures"] = ["a read missed an append"]
+    assert held(failed) == [False, True, True, True, True]
+    out_of_order = {"x": _driver(x[::-1], 2_000, 600), "y": _driver(y, 2_100, rows)}
+    assert held(out_of_order)[0] is False
+    reused = {"x": _driver(x, 2_000, 600), "y": _driver([*y[:-1], x[-1]], 2_100, rows)}
+    assert held(reused)[1] is False
+    assert held(boot=x[0] - 1)[2] is False  # x never committed on legacy
+    assert held(through=False) == [True, True, True, False, True]  # y ended before the flip did
+    assert held(boot=y[-1])[3] is False  # y never committed on distributed
+    short = {"x": _driver(x, 2_000, 600), "y": _driver(y, 2_100, rows - 1)}
+    assert held(short)[4] is False

@@ -6,6 +6,10 @@ The module fixture starts its own one-node cluster (tsoracle_dev.controlplane), 
 operator and Spark images, installs the chart with `sparkDrivers` (the drivers' Role, and the
 Role for Spark's executor pods), the backend Secret, the catalog's token Secret and the example
 resource with its catalog, in the `etl` namespace.
+
+Two drivers across a flip back to distributed are `make spark-k8s-demo`'s scenario: the guides
+chain (tests/test_docs.py) runs it on its dev cluster, and its checks (`demo_checks`, unit-tested
+in tests/test_dev_cluster.py) make the run fail.
 """
 
 from __future__ import annotations
@@ -209,28 +213,6 @@ def test_two_drivers_append_concurrently_across_a_flip_to_legacy(cluster):
           f"append ms {[a['append_ms'] for r in reports.values() for a in r['appends']]}; "
           f"read ms {[a['read_ms'] for r in reports.values() for a in r['appends']]}; "
           f"read_ts through the catalog, median ms {[r['read_ts_ms'] for r in reports.values()]}")
-
-
-def test_two_drivers_run_across_a_flip_back_to_distributed(cluster):
-    """Both spark-submits run while the flip happens (on legacy too both drivers write: the
-    catalog is the timeline's one client, not the drivers); the first committed on legacy
-    before the flip, and both finish on distributed."""
-    assert cluster.kube.tso(NS, "orders")["status"]["activeImplementation"] == "legacy"
-    first = submit(cluster, "e", "--batches", str(BATCHES), "--rows", str(ROWS), "--pause", "2")
-    wait_appended(cluster, "e", first, 1)
-    second = submit(cluster, "f", "--batches", str(BATCHES), "--rows", str(ROWS))
-    bootstrap = flip(cluster, "distributed")
-    assert second.poll() is None, "the second spark-submit must still run during the flip"
-    reports = {"e": finished(cluster, first), "f": finished(cluster, second)}
-    stamps = {w: check(r) for w, r in reports.items()}
-    assert stamps["e"][0] <= bootstrap < stamps["e"][-1], (stamps, bootstrap)
-    assert stamps["f"][-1] > bootstrap
-    every = [ts for s in stamps.values() for ts in s]
-    assert len(set(every)) == len(every) == 2 * BATCHES
-    last = max(reports.values(), key=lambda r: r["final"]["read_ts"])
-    # a and b of the test before, and e and f.
-    assert last["final"]["rows"] == last["final"]["distinct"] == 4 * BATCHES * ROWS
-    print(f"\nacross a flip: e {stamps['e']}, f {stamps['f']}, bootstrap {bootstrap}")
 
 
 def test_the_drivers_service_account_reads_the_resource_and_no_secret(cluster):

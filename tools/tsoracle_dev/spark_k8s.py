@@ -111,6 +111,33 @@ def _later(rep: dict, key: str) -> int:  # type: ignore[type-arg]
 
 
 DEMO_SCHEMA = "tsoracle_etl_orders"
+DEMO_BATCHES, DEMO_ROWS = 6, 100
+
+
+def demo_checks(reports: dict[str, dict[str, Any]], bootstrap: int,
+                y_ran_through_flip: bool) -> list[tuple[str, bool]]:
+    """The demo's invariants as (what, held): x committed first on legacy, y was submitted as
+    the resource flipped back to distributed, and both finished."""
+    stamps = {w: [a["ts"] for a in r["appends"]] for w, r in reports.items()}
+    every = [ts for s in stamps.values() for ts in s]
+    x, y = stamps["x"], stamps["y"]
+    last = max(reports.values(), key=lambda r: r["final"]["read_ts"])
+    rows = 2 * DEMO_BATCHES * DEMO_ROWS
+    return [
+        ("every driver's own checks passed, each appending its batches in order at growing "
+         "timestamps", all(not r["failures"] and [a["batch"] for a in r["appends"]]
+                           == list(range(DEMO_BATCHES)) and stamps[w] == sorted(set(stamps[w]))
+                           for w, r in reports.items())),
+        ("one timestamp per append, none reused", len(set(every)) == len(every)
+         == 2 * DEMO_BATCHES),
+        ("x committed on legacy and then on distributed (the flip between: legacy's timestamps "
+         "at or below its bootstrap, distributed's above)", bool(x) and min(x) <= bootstrap
+         < max(x)),
+        ("y still ran when the flip ended, and committed on distributed after it",
+         y_ran_through_flip and bool(y) and max(y) > bootstrap),
+        (f"the last read sees all {rows} rows, each once",
+         last["final"]["rows"] == last["final"]["distinct"] == rows),
+    ]
 WAIT_SAY_EVERY_S = 10.0
 
 
@@ -207,8 +234,9 @@ def _demo(state: Path) -> int:
     def submit(writer: str) -> subprocess.Popen[str]:
         argv = submit_argv(api, writer, namespace="etl", resource="orders", data=data,
                            token_secret="orders-catalog-token",
-                           job_args=("--table", f"etl.events_{run}", "--batches", "6",
-                                     "--rows", "100", "--pause", "2", "--measure", "50"))
+                           job_args=("--table", f"etl.events_{run}", "--batches",
+                                     str(DEMO_BATCHES), "--rows", str(DEMO_ROWS),
+                                     "--pause", "2", "--measure", "50"))
         argv[argv.index("--progress") + 1] = str(data / "progress" / run)
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env)
@@ -221,6 +249,7 @@ def _demo(state: Path) -> int:
     second = submit("y")
     print("[demo] spark-submit y; flipping orders to distributed while both run")
     sh("kubectl", "tsoracle", "flip", "orders", "--to", "distributed", "-n", "etl")
+    y_ran_through_flip = second.poll() is None
     bootstrap = int(status()["bootstrapTimestamp"]["EpochMilliseconds"])
     reports = {}
     for writer, proc in (("x", first), ("y", second)):
@@ -231,24 +260,12 @@ def _demo(state: Path) -> int:
         except ValueError as exc:
             print(f"[demo] {writer}: {exc}\n{out[-2000:]}", file=sys.stderr)
             return 1
-    checks = []
-    stamps = [a["ts"] for r in reports.values() for a in r["appends"]]
-    checks.append(("every driver's own checks passed",
-                   all(not r["failures"] for r in reports.values())))
-    checks.append(("one timestamp per append, none reused",
-                   len(set(stamps)) == len(stamps) == 12))
-    x = [a["ts"] for a in reports["x"]["appends"]]
-    checks.append(("x committed on legacy and then on distributed (the flip between: "
-                   "legacy's timestamps at or below its bootstrap, distributed's above)",
-                   min(x) <= bootstrap < max(x) and x == sorted(x)))
-    last = max(reports.values(), key=lambda r: r["final"]["read_ts"])
-    checks.append(("the last read sees all 1200 rows, each once",
-                   last["final"]["rows"] == last["final"]["distinct"] == 1200))
+    checks = demo_checks(reports, bootstrap, y_ran_through_flip)
     pods = sh("kubectl", "-n", "etl", "get", "pods", "-o", "name").split()
     print(f"\ntsoracle Spark-on-Kubernetes demo ({time.monotonic() - began:.0f} s)")
     for r in reports.values():
-        print(f"  driver {r['pod']}: 6 appends x 100 rows at {[a['ts'] for a in r['appends']]}"
-              f" (the flip's bootstrap: {bootstrap})")
+        print(f"  driver {r['pod']}: {DEMO_BATCHES} appends x {DEMO_ROWS} rows at "
+              f"{[a['ts'] for a in r['appends']]} (the flip's bootstrap: {bootstrap})")
         print(f"    median append {_later(r, 'append_ms')} ms, median linearized read "
               f"{_later(r, 'read_ms')} ms, of which read_ts through the catalog "
               f"{r['read_ts_ms']} ms")

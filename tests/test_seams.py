@@ -22,13 +22,13 @@ from tsoracle.store.kinds import KINDS, kind_of
 
 PACKAGE = Path(tsoracle.__file__).parent
 ROOT = PACKAGE.parent
-# store < fencing < oracle < {resource, catalog} < {operator, spark}: the operator and the
-# Spark drivers both stand on the resource module and the Iceberg catalog (which knows nothing
-# of resources) and know nothing of each other. The redactor (shared by the operator, the
-# catalog and the kubectl plugin) stands on the store's URL forms. Neutral modules import no
-# floor at all.
+# store < fencing < oracle < {resource, catalog} < {operator, spark, duckdb}: the operator and
+# the engines' helpers (Spark, DuckDB) stand on the resource module and the Iceberg catalog
+# (which knows nothing of resources) and know nothing of each other. The redactor (shared by
+# the operator, the catalog and the kubectl plugin) stands on the store's URL forms. Neutral
+# modules import no floor at all.
 FLOORS = {"store": 0, "fencing": 1, "redact": 1, "oracle": 2, "resource": 3, "catalog": 3,
-          "operator": 4, "spark": 4}
+          "operator": 4, "spark": 4, "duckdb": 4}
 NEUTRAL = {"errors", "coalesce", "extras", "output", "eventloop"}
 
 

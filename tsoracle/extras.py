@@ -11,6 +11,8 @@ from tsoracle.errors import MissingExtra
 EXTRAS: dict[str, frozenset[str]] = {
     "operator": frozenset({"kopf", "kubernetes"}),
     "spark": frozenset({"pyspark"}),
+    "duckdb": frozenset({"duckdb", "duckdb_extension_iceberg", "duckdb_extension_httpfs",
+                         "duckdb_extension_avro"}),
     "iceberg": frozenset({"pyiceberg", "pyarrow", "pydantic", "starlette", "uvicorn"}),
 }
 

@@ -11,7 +11,6 @@ PySpark is imported inside the methods: `import tsoracle.spark` works without it
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -25,7 +24,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from tsoracle.errors import ConfigError, OracleUnavailable
+from tsoracle.catalog.client import (
+    Advice,
+    CatalogClient,
+    CatalogUnavailable,
+    TableNotFound,
+    without_userinfo,
+)
+from tsoracle.errors import ConfigError
 from tsoracle.spark.session import _has_iceberg, iceberg_conf, iceberg_session
 
 if TYPE_CHECKING:
@@ -40,13 +46,9 @@ APPEND_ID = "tsoracle.append-id"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NO_SNAPSHOT = "Cannot find a snapshot older than"  # Iceberg's SnapshotUtil, for a T too early
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# A catalog answering 503 is between oracle leaders (a flip, a legacy take-over): wait this
-# long, in total, before telling the caller.
-_UNAVAILABLE_WAITS_S = (0.2, 0.5, 1.0, 2.0)
-
-
-class TableNotFound(ConfigError):
-    """The table does not exist in the catalog (create it with `Lakehouse.create_table`)."""
+_ADVICE = Advice(pass_token="Lakehouse(..., token=...)", create_table="Lakehouse.create_table")
+__all__ = ["APPEND_ID", "AsOf", "CatalogUnavailable", "Cut", "HistoryExpired", "Lakehouse",
+           "TableExists", "TableNotFound"]
 
 
 class TableExists(ConfigError):
@@ -55,10 +57,6 @@ class TableExists(ConfigError):
 
 class HistoryExpired(ConfigError):
     """A read at a timestamp whose snapshot was removed by snapshot expiry."""
-
-
-class CatalogUnavailable(OracleUnavailable):
-    """The catalog did not answer, or answered that it cannot serve now."""
 
 
 @dataclass(frozen=True)
@@ -99,11 +97,11 @@ class Lakehouse:
         self.catalog_name = catalog_name
         self.staleness_s = staleness_s
         self.read_window_s = read_window_s
-        self._token = token
-        self._timeout_s = timeout_s
+        self._client = CatalogClient(self.catalog_uri, advice=_ADVICE, token=token,
+                                     name=catalog_name, timeout_s=timeout_s)
         self._lock = threading.Lock()
         self._closed: tuple[float, int] | None = None  # (monotonic time fetched, value)
-        self._shown_uri = _without_userinfo(self.catalog_uri)
+        self._shown_uri = self._client.shown_uri
         self._attach(iceberg_conf(self.catalog_uri, catalog_name=catalog_name, token=token,
                                   jar=None))
 
@@ -133,14 +131,14 @@ class Lakehouse:
         elif known.rstrip("/") != self.catalog_uri:
             raise ConfigError(
                 f"this SparkSession's catalog {self.catalog_name!r} is "
-                f"{_without_userinfo(known)}, not {self._shown_uri}; pass another catalog_name")
+                f"{without_userinfo(known)}, not {self._shown_uri}; pass another catalog_name")
 
     # --- timestamps ---------------------------------------------------------------------------
 
     def read_ts(self) -> int:
         """A linearizable read timestamp: every commit acknowledged before this call is at or
         below it, and nothing can commit at or below it any more (one oracle round trip)."""
-        ts = int(self._call("POST", "/v1/tsoracle/read-ts")["read-ts"])
+        ts = self._client.read_ts()
         self._saw_closed(ts)  # the catalog raised its upper to ts
         return ts
 
@@ -152,8 +150,7 @@ class Lakehouse:
         if cached is not None and time.monotonic() - cached[0] <= self.staleness_s:
             return cached[1]
         fetched_at = time.monotonic()
-        return self._saw_closed(int(self._call("GET", "/v1/tsoracle/closed")["closed-ts"]),
-                                fetched_at)
+        return self._saw_closed(self._client.closed_ts(), fetched_at)
 
     def _saw_closed(self, ts: int, at: float | None = None) -> int:
         with self._lock:
@@ -415,7 +412,7 @@ class Lakehouse:
         namespace, name = table.rsplit(".", 1)
         path = (f"/v1/namespaces/{urllib.parse.quote(namespace.replace('.', chr(0x1F)), '')}"
                 f"/tables/{urllib.parse.quote(name, '')}")
-        return dict(self._call("GET", path, table=table)["metadata"])
+        return dict(self._client.call("GET", path, table=table)["metadata"])
 
     def _commit_ts(self, table: str, tag: str) -> int:
         metadata = self._metadata(table)
@@ -448,7 +445,7 @@ class Lakehouse:
             # comes with pyspark; not imported by name, it is not a dependency of ours).
             if type(exc).__name__ != "Py4JJavaError":
                 raise
-            text = self._scrub(str(getattr(exc, "java_exception", exc)))
+            text = self._client.scrub(str(getattr(exc, "java_exception", exc)))
             if any(m in text for m in ("ConnectException", "Connection refused",
                                        "RESTException", "UnknownHostException",
                                        "ServiceUnavailableException", "HttpHostConnect")):
@@ -457,60 +454,6 @@ class Lakehouse:
                     f"({text.splitlines()[0][:300]}); is `tsoracle catalog serve` running "
                     "there?") from None
             raise
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._token, "<token>") if self._token else text
-
-    def _call(self, method: str, path: str, *, table: str | None = None) -> dict[str, Any]:
-        """One request to the catalog, JSON back; errors name the catalog, never the token.
-        `table`: the table the request is about (a 404 is then that table missing)."""
-        url = self.catalog_uri + path
-        headers = {"Accept": "application/json"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        for wait in (*_UNAVAILABLE_WAITS_S, None):
-            request = urllib.request.Request(url, method=method, headers=headers,
-                                             data=b"" if method == "POST" else None)
-            try:
-                with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
-                    return dict(json.load(response))
-            except urllib.error.HTTPError as exc:
-                message = _error_message(exc)
-                if exc.code == 503 and wait is not None:
-                    time.sleep(wait)
-                    continue
-                raise self._refusal(exc.code, message, table) from None
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                reason = getattr(exc, "reason", None) or exc.__class__.__name__
-                raise CatalogUnavailable(
-                    f"the catalog at {self._shown_uri} did not answer ({self._scrub(str(reason))}"
-                    "); is `tsoracle catalog serve` running there?") from None
-        raise AssertionError("unreachable")  # the last wait is None: the loop raises
-
-    def _refusal(self, code: int, message: str, table: str | None) -> Exception:
-        where = f"the catalog at {self._shown_uri}"
-        if code in (401, 403):
-            return ConfigError(f"{where} refused the request ({code}): pass the token its "
-                               "--token-file holds (Lakehouse(..., token=...))")
-        if code == 404 and table is not None:
-            return TableNotFound(f"table {table} does not exist in catalog "
-                                 f"{self.catalog_name!r} at {self._shown_uri}; create it with "
-                                 "Lakehouse.create_table")
-        if code == 404:
-            return ConfigError(f"{where} has no tsoracle endpoints: it is not `tsoracle "
-                               "catalog serve`, which linearized and serializable reads need")
-        if code >= 500:
-            return CatalogUnavailable(f"{where} cannot serve now ({code}: {message})")
-        return ConfigError(f"{where} refused the request ({code}: {message})")
-
-
-def _error_message(exc: urllib.error.HTTPError) -> str:
-    """The REST error model's message, or the status line."""
-    try:
-        body = json.loads(exc.read() or b"{}")
-        return str(body["error"]["message"])
-    except (ValueError, KeyError, TypeError, OSError):
-        return str(exc.reason)
 
 
 def _instant(ts: int) -> str:
@@ -533,12 +476,3 @@ def _quote(name: str) -> str:
 
 def _string(value: str) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _without_userinfo(uri: str) -> str:
-    parts = urllib.parse.urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -27,3 +27,5 @@ def test_the_demo_runs_and_checks_its_invariants(tmp_path):
     assert len(checks) >= 10 and all(c.strip().startswith("[ok]") for c in checks), checks
     named = " ".join(checks)
     assert "cross-table" in named and "second engine" in named and "repeats" in named
+    assert "DuckDB (a third engine)" in named  # tsoracle[test] installs tsoracle[duckdb]
+    assert "read again by pyiceberg and DuckDB" in out

@@ -205,7 +205,7 @@ def _demo_flags(c: argparse.ArgumentParser) -> None:
 def _demo(args: argparse.Namespace) -> int:
     # The demo imports Spark, then the catalog's pyiceberg, lazily.
     with needs_extra("spark", "`tsoracle demo`"), needs_extra("iceberg", "`tsoracle demo`"):
-        from tsoracle.spark.demo import run_demo
+        from tsoracle.demo import run_demo
 
         return run_demo(writers=args.writers, batches=args.batches, rows=args.rows,
                         data_dir=args.data_dir)

@@ -3,8 +3,10 @@
 A SQLite oracle, tsoracle's Iceberg catalog served in-process, a local warehouse and local
 Spark with Iceberg. Writer threads append each batch to `orders`, then to `shipments`; readers
 take a cut of both tables at one timestamp; the oracle flips implementation mid-run and the
-catalog follows; every cut is read again at the end, in Spark and in pyiceberg (a second
-engine), and every invariant is checked and reported.
+catalog follows; every cut is read again at the end, in Spark, in pyiceberg (a second engine)
+and, with `tsoracle[duckdb]` installed, in DuckDB (a third), and every invariant is checked and
+reported. It stands above the engines' helpers (Spark's and DuckDB's), which know nothing of
+each other.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tsoracle.errors import MissingExtra
 from tsoracle.oracle import flip, init, status
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from tsoracle.duckdb import DuckCatalog
     from tsoracle.spark.lakehouse import AsOf, Lakehouse
 
 SCHEMA = "writer INT, seq INT, payload STRING"
@@ -214,6 +218,13 @@ def _story(lake: Lakehouse, second: Any, url: str, *, writers: int, batches: int
         by_arrow = (_arrow_keys(second, ORDERS, seen.ts), _arrow_keys(second, SHIPMENTS, seen.ts))
         report.check("pyiceberg (a second engine) reads the same cuts as Spark",
                      by_arrow == (seen.orders, seen.shipments), f"at {seen.ts}")
+    third = _duckdb(lake.catalog_uri, report)
+    if third is not None:
+        for seen in cuts:
+            by_duck = (_duck_keys(third, ORDERS, seen.ts), _duck_keys(third, SHIPMENTS, seen.ts))
+            report.check("DuckDB (a third engine) reads the same cuts as Spark",
+                         by_duck == (seen.orders, seen.shipments), f"at {seen.ts}")
+        third.close()
 
     elapsed = time.monotonic() - started
     linearized = sum(1 for c in cuts if c.kind == "linearized")
@@ -223,7 +234,8 @@ def _story(lake: Lakehouse, second: Any, url: str, *, writers: int, batches: int
           f"batches into {ORDERS} then {SHIPMENTS}: {len(stamps)} commits)")
     print(f"  rows read (final)    {len(cuts[-1].orders)} at timestamp {final.ts}")
     print(f"  reads                {linearized} linearized cuts, {len(cuts) - linearized} "
-          f"serializable; all {len(cuts)} repeated, and read again by pyiceberg")
+          f"serializable; all {len(cuts)} repeated, and read again by pyiceberg"
+          f"{' and DuckDB' if third is not None else ''}")
     print(f"  timestamps           {min(stamps)} .. {max(stamps)}")
     print(f"  flip                 distributed -> legacy at epoch {result.epoch}, bootstrap "
           f"{bootstrap}; {len(after_flip)} commits after it")
@@ -250,3 +262,20 @@ def _arrow_keys(catalog: Any, table: str, ts: int) -> Rows:
 
 if __name__ == "__main__":
     sys.exit(run_demo(keep=bool(os.environ.get("KEEP"))))
+
+
+def _duckdb(catalog_uri: str, report: Report) -> DuckCatalog | None:
+    """DuckDB on the catalog, or None (and a note) without the duckdb extra."""
+    try:
+        from tsoracle.duckdb import DuckCatalog
+
+        return DuckCatalog(catalog_uri)
+    except MissingExtra as exc:
+        report.notes.append(f"DuckDB not read: {exc}")
+        return None
+
+
+def _duck_keys(duck: DuckCatalog, table: str, ts: int) -> Rows:
+    """The table as of `ts`, read by DuckDB: no Spark, no pyiceberg."""
+    rows = duck.sql(f"SELECT writer, seq FROM {duck.table(table, ts)}").fetchall()
+    return frozenset((int(w), int(s)) for w, s in rows)

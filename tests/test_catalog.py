@@ -448,3 +448,56 @@ def test_registering_over_a_view_or_with_a_location_outside_is_refused(served, c
                         {"name": "r", "metadata-location": str(planted)})
     assert status == 400 and "outside" in body["error"]["message"], body
     assert catalog.list_tables("db") == [("db", "t")]
+
+
+def test_a_dropped_view_is_registered_again_and_bad_registrations_are_refused(served, catalog):
+    """POST .../register-view (Iceberg 1.11's kit asks for it): the file as the view's current
+    version; a taken name, a table's file, an outside location or a missing field refused."""
+    running, config = served
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.t", schema=SCHEMA)
+    view = {"name": "v", "schema": {"type": "struct", "schema-id": 0, "fields": []},
+            "view-version": {"version-id": 1, "schema-id": 0, "timestamp-ms": 1,
+                             "summary": {}, "default-namespace": ["db"],
+                             "representations": [{"type": "sql", "sql": "select 1",
+                                                  "dialect": "spark"}]}}
+    status, created = call("POST", f"{running.url}/v1/namespaces/db/views", view)
+    assert status == 200, created
+    location = created["metadata-location"]
+    register = f"{running.url}/v1/namespaces/db/register-view"
+    status, body = call("POST", register, {"name": "v", "metadata-location": location})
+    assert status == 409 and body["error"]["type"] == "AlreadyExistsException", body
+    status, body = call("POST", register, {"name": "t", "metadata-location": location})
+    assert status == 409 and body["error"]["type"] == "AlreadyExistsException", body
+    assert call("DELETE", f"{running.url}/v1/namespaces/db/views/v")[0] == 204
+    status, again = call("POST", register, {"name": "v2", "metadata-location": location})
+    assert status == 200, again
+    assert again["metadata-location"] == location
+    assert again["metadata"]["view-uuid"] == created["metadata"]["view-uuid"]
+    status, loaded = call("GET", f"{running.url}/v1/namespaces/db/views/v2")
+    assert status == 200 and loaded["metadata"] == again["metadata"], loaded
+    for bad, says in (({"name": "w"}, "metadata-location"),
+                      ({"name": "w", "metadata-location": table.metadata_location},
+                       "no readable view metadata"),
+                      ({"name": "w", "metadata-location": "file:///etc/passwd"}, "outside")):
+        status, body = call("POST", register, bad)
+        assert status == 400 and says in body["error"]["message"], (bad, body)
+    status, listed = call("GET", f"{running.url}/v1/namespaces/db/views")
+    assert [i["name"] for i in listed["identifiers"]] == ["v2"], listed
+
+
+def test_a_table_whose_metadata_file_is_gone_loads_as_not_found(served, catalog):
+    """As Iceberg's reference server answers (1.11's kit): the file's absence, not stale
+    metadata from the catalog's cache; the table loads again once the file is back."""
+    running, _ = served
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.t", schema=SCHEMA)
+    path = Path(table.metadata_location.removeprefix("file://"))
+    aside = path.with_name(path.name + ".aside")
+    path.rename(aside)
+    status, body = call("GET", f"{running.url}/v1/namespaces/db/tables/t")
+    assert status == 404 and body["error"]["type"] == "NotFoundException", body
+    assert body["error"]["message"] == \
+        f"Failed to open input stream for file: {table.metadata_location}"
+    aside.rename(path)
+    assert catalog.load_table("db.t").metadata_location == table.metadata_location

@@ -49,7 +49,7 @@ import yaml
 import tsoracle
 from tests.test_catalog import call
 from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
-from tsoracle_dev.rck import ICEBERG_VERSION, RckError, fetch_spec
+from tsoracle_dev.rck import SPEC_VERSION, RckError, fetch_spec
 
 pytestmark = pytest.mark.slow  # about a minute: thousands of requests
 
@@ -77,7 +77,7 @@ def document() -> Path:
     try:
         return fetch_spec()
     except RckError as exc:
-        pytest.skip(f"Iceberg {ICEBERG_VERSION}'s REST catalog OpenAPI document: {exc}")
+        pytest.skip(f"Iceberg {SPEC_VERSION}'s REST catalog OpenAPI document: {exc}")
 
 
 def served_document(original: dict[str, Any], endpoints: list[str]) -> dict[str, Any]:
@@ -241,7 +241,7 @@ def test_the_catalog_answers_as_icebergs_openapi_document_says(document, sqlite_
             causes.setdefault(f"{entry['response']['status']}: {text}", []).append(entry)
 
     operations = run["operations"]
-    summary = (f"Iceberg {ICEBERG_VERSION} REST catalog document, {operations['tested']} of "
+    summary = (f"Iceberg {SPEC_VERSION} REST catalog document, {operations['tested']} of "
                f"{operations['selected']} operations tested; {len(entries)} requests, "
                f"{len(server_errors)} with a 5xx; statuses "
                f"{dict(sorted(statuses.items()))}; {len(failures)} failures (Schemathesis "

@@ -70,6 +70,7 @@ ENDPOINTS = [
     "POST /v1/{prefix}/transactions/commit",
     "GET /v1/{prefix}/namespaces/{namespace}/views",
     "POST /v1/{prefix}/namespaces/{namespace}/views",
+    "POST /v1/{prefix}/namespaces/{namespace}/register-view",
     "GET /v1/{prefix}/namespaces/{namespace}/views/{view}",
     "HEAD /v1/{prefix}/namespaces/{namespace}/views/{view}",
     "POST /v1/{prefix}/namespaces/{namespace}/views/{view}",
@@ -95,6 +96,7 @@ def build_app(catalog: Catalog, *, token: str | None = None,
         Route(ns + "/register", api.register, methods=["POST"]),
         Route("/v1/tables/rename", api.rename, methods=["POST"]),
         Route(ns + "/views", api.views, methods=["GET", "POST"]),
+        Route(ns + "/register-view", api.register_view, methods=["POST"]),
         Route(ns + "/views/{view}", api.view, methods=["GET", "HEAD", "POST", "DELETE"]),
         Route("/v1/views/rename", api.rename_view, methods=["POST"]),
         Route("/v1/transactions/commit", api.transaction, methods=["POST"]),
@@ -282,6 +284,10 @@ class _Api:
             body = await self._json(request)
             return _view(*await self.catalog.create_view(ns, body))
         return await _identifiers(request, ns, self.catalog.list_views)
+
+    async def register_view(self, request: Request) -> Response:
+        body = await self._json(request)
+        return _view(*await self.catalog.register_view(_ns(request), body))
 
     async def view(self, request: Request) -> Response:
         ns, name = _ns(request), check_name(_param(request, "view"))

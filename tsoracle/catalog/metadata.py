@@ -150,17 +150,28 @@ class Warehouse:
 
     def read_bounded(self, location: str) -> TableMetadata:
         """`read`, for a file a client names: refused above the size limit before reading."""
+        self._within_limit(location)
+        return self.read(location)
+
+    def _within_limit(self, location: str) -> None:
         size = len(self.io(location).new_input(location))
         if size > boundary.MAX_METADATA_BYTES:
             raise BadRequest(f"the metadata file is {size} bytes, above the catalog's limit of "
                              f"{boundary.MAX_METADATA_BYTES}")
-        return self.read(location)
 
     def write(self, metadata: TableMetadata, location: str) -> None:
         data = Compressor.get_compressor(location).bytes_compressor()(to_json(metadata).encode())
         with self.io(location).new_output(location).create(overwrite=False) as out:
             out.write(data)
         self._remember(location, metadata)
+
+    def exists(self, location: str) -> bool:
+        return bool(self.io(location).new_input(location).exists())
+
+    def read_bytes_bounded(self, location: str) -> bytes:
+        """`read_bytes`, for a file a client names: refused above the size limit first."""
+        self._within_limit(location)
+        return self.read_bytes(location)
 
     def read_bytes(self, location: str) -> bytes:
         with self.io(location).new_input(location).open() as f:

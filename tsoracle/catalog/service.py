@@ -33,6 +33,7 @@ from tsoracle.catalog.boundary import check_name
 from tsoracle.catalog.errors import (
     BadRequest,
     CatalogError,
+    NotFound,
     location_taken,
     name_taken,
     namespace_taken,
@@ -183,6 +184,10 @@ class Catalog:
 
     async def load_table(self, ns: Namespace, name: str) -> Loaded:
         found = await self._pointer(ns, name)
+        # The metadata is answered from the cache, but a table whose current file is gone is
+        # broken for every engine that reads the file: said as the file missing.
+        if not await asyncio.to_thread(self.warehouse.exists, found.metadata_location):
+            raise NotFound(f"Failed to open input stream for file: {found.metadata_location}")
         return Loaded(found.metadata_location, await self._read(found.metadata_location))
 
     async def table_exists(self, ns: Namespace, name: str) -> bool:
@@ -445,6 +450,37 @@ class Catalog:
             await self._write_view(new, target)
             return Plan((target, new), swaps=[state.Swap(ns, name, None, target, VIEW)],
                         written=[target], locations=[(ns, name, resolved)])
+
+        return await self.ordering.commit(build)
+
+    async def register_view(self, ns: Namespace, request: dict[str, Any]
+                            ) -> tuple[str, ViewMetadata]:
+        """An existing view metadata file as the view `name` (a view dropped, say, registered
+        again): the file is the view's current version as it is, nothing written."""
+        name = check_name(str(request.get("name") or ""), "view name")
+        given = request.get("metadata-location")
+        if not isinstance(given, str) or not given:
+            raise BadRequest("register-view needs `metadata-location`: the view's metadata file")
+        location = self.warehouse.inside(given)
+        try:
+            registered = views.parse(await asyncio.to_thread(self.warehouse.read_bytes_bounded,
+                                                             location))
+        except CatalogError:
+            raise
+        except Exception:
+            raise BadRequest(f"no readable view metadata at {given!r}") from None
+        boundary.check_properties(registered.properties, "the registered view's properties")
+        self.warehouse.check_paths(registered.location, registered.properties)
+        resolved = self.warehouse.resolve(registered.location)
+
+        async def build(ts: int, attempt: int) -> Plan[tuple[str, ViewMetadata]]:
+            self.warehouse.check_own(registered.location, ns, await self.load_namespace(ns))
+            await self._free(ns, name, VIEW)
+            user = await state.metadata_in_use(self.backend, location)
+            if user is not None:
+                raise location_taken(location, (*ns, name), (*user[0], user[1]))
+            return Plan((location, registered), swaps=[state.Swap(ns, name, None, location, VIEW)],
+                        locations=[(ns, name, resolved)])
 
         return await self.ordering.commit(build)
 

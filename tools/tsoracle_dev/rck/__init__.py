@@ -21,14 +21,14 @@ into ${TSORACLE_CACHE:-~/.cache/tsoracle}/rck-<iceberg version>-<digest of pom.x
 Counts come from JUnit's Open Test Reporting XML, which tells an aborted test (an assumption
 the catalog does not meet: an optional feature) from a skipped one and from a failed one.
 
-What the 1.10 kit expects of a catalog (read from its sources, checked against the reference
-server; 148 tests: 103 table tests, 45 view tests):
+What the 1.11 kit expects of a catalog (read from its sources, checked against the reference
+server; 157 tests, 1.10's 148 and register-view, a missing metadata file, and more):
 - `GET /v1/config`: the client uses exactly the `endpoints` listed (strings such as
   "GET /v1/{prefix}/namespaces", templates as written in the spec, whatever the prefix); an
   operation not listed raises UnsupportedOperationException, which fails its test. Without
   `endpoints` it assumes the 1.7 set: no HEAD (it loads instead) and no views unless the
   property `view-endpoints-supported` is "true".
-- Nothing makes the view tests abort: a catalog without views fails the 44 that need them.
+- Nothing makes the view tests abort: a catalog without views fails every one that needs them.
 - Switches, read from the client's properties (the config response's `defaults` and
   `overrides` count, and so do CATALOG_RCK_* variables: CATALOG_RCK_REQUIRES__NAMESPACE__CREATE
   is `rck.requires-namespace-create`): `rck.requires-namespace-create` (table tests default
@@ -91,6 +91,9 @@ SERVER_START_TIMEOUT = 60.0
 # Iceberg checkout or source release the caller names, and only the pinned bytes are accepted.
 SPEC_NAME = "rest-catalog-open-api.yaml"
 SPEC_BLOBS = {"1.10.0": "e0b524a6d726afeef51c95bbbed07b1140123859"}
+# The document's version is pinned apart from the kit's: the kit moves with Maven's jars, the
+# document only with a copy of its bytes whose blob id is pinned above.
+SPEC_VERSION = "1.10.0"
 SPEC_ENV = "TSORACLE_ICEBERG_SPEC"
 
 
@@ -172,27 +175,27 @@ def git_blob_id(data: bytes) -> str:
 
 
 def spec_path() -> Path:
-    """Where Iceberg's REST catalog OpenAPI document of ICEBERG_VERSION is cached."""
-    return CACHE / f"iceberg-rest-spec-{ICEBERG_VERSION}" / SPEC_NAME
+    """Where Iceberg's REST catalog OpenAPI document of SPEC_VERSION is cached."""
+    return CACHE / f"iceberg-rest-spec-{SPEC_VERSION}" / SPEC_NAME
 
 
 def fetch_spec(source: str | Path | None = None) -> Path:
-    """Iceberg's REST catalog OpenAPI document of ICEBERG_VERSION, copied into the cache from
+    """Iceberg's REST catalog OpenAPI document of SPEC_VERSION, copied into the cache from
     `source` when given, else from the cache, else from $TSORACLE_ICEBERG_SPEC. A source is the
     file itself, or an Iceberg checkout or source release holding open-api/<SPEC_NAME>; one
     whose bytes are not the pinned ones (another version, an edited file) is refused."""
-    expected = SPEC_BLOBS.get(ICEBERG_VERSION)
+    expected = SPEC_BLOBS.get(SPEC_VERSION)
     if expected is None:
-        raise RckError(f"no {SPEC_NAME} is pinned for Iceberg {ICEBERG_VERSION}: add the git blob "
+        raise RckError(f"no {SPEC_NAME} is pinned for Iceberg {SPEC_VERSION}: add the git blob "
                        f"id of open-api/{SPEC_NAME} at its tag to SPEC_BLOBS")
     out = spec_path()
     if not source and out.is_file() and git_blob_id(out.read_bytes()) == expected:
         return out
     source = source or os.environ.get(SPEC_ENV)
     if not source:
-        raise RckError(f"Iceberg {ICEBERG_VERSION}'s {SPEC_NAME} is not cached and no Maven "
+        raise RckError(f"Iceberg {SPEC_VERSION}'s {SPEC_NAME} is not cached and no Maven "
                        f"artifact carries it: name a copy with {SPEC_ENV}=PATH (the file, or an "
-                       f"Iceberg checkout at apache-iceberg-{ICEBERG_VERSION} or its source "
+                       f"Iceberg checkout at apache-iceberg-{SPEC_VERSION} or its source "
                        "release) or `tsoracle-rck fetch --spec PATH`")
     path = Path(source)
     if path.is_dir():
@@ -202,7 +205,7 @@ def fetch_spec(source: str | Path | None = None) -> Path:
     except OSError as exc:
         raise RckError(f"cannot read {path}: {exc.strerror}") from None
     if git_blob_id(data) != expected:
-        raise RckError(f"{path} is not Iceberg {ICEBERG_VERSION}'s {SPEC_NAME} (git blob "
+        raise RckError(f"{path} is not Iceberg {SPEC_VERSION}'s {SPEC_NAME} (git blob "
                        f"{git_blob_id(data)}, expected {expected})")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
@@ -402,7 +405,7 @@ def reference_server(warehouse_dir: Path, *, log_path: Path | None = None,
     `jdbc_uri` puts its JDBC catalog elsewhere (e.g. `jdbc:sqlite:file:/path/catalog.db`: the
     in-memory database fails requests now and then under concurrent writers).
 
-    Iceberg 1.10 reads its settings from CATALOG_* variables only (CATALOG_REST_PORT is
+    Iceberg (1.10, 1.11) reads its settings from CATALOG_* variables only (CATALOG_REST_PORT is
     `rest.port`; a -Drest.port system property is ignored). Jetty listens on every interface.
     """
     java = _require("java")

@@ -35,6 +35,12 @@ from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
 pytestmark = [pytest.mark.serializable, pytest.mark.served]
 
 SCHEMA = pa.schema([("id", pa.int64()), ("who", pa.string())])
+# A view `v` in namespace `db`, as an engine creates one (pyiceberg has no view writes).
+VIEW = {"name": "v", "schema": {"type": "struct", "schema-id": 0, "fields": []},
+        "view-version": {"version-id": 1, "schema-id": 0, "timestamp-ms": 1, "summary": {},
+                         "default-namespace": ["db"],
+                         "representations": [{"type": "sql", "sql": "select 1",
+                                              "dialect": "spark"}]}}
 
 
 @pytest.fixture
@@ -431,11 +437,7 @@ def test_registering_over_a_view_or_with_a_location_outside_is_refused(served, c
     running, config = served
     catalog.create_namespace("db")
     table = catalog.create_table("db.t", schema=SCHEMA)
-    view = {"name": "v", "schema": {"type": "struct", "schema-id": 0, "fields": []},
-            "view-version": {"version-id": 1, "schema-id": 0, "timestamp-ms": 1,
-                             "summary": {}, "default-namespace": ["db"],
-                             "representations": [{"type": "sql", "sql": "select 1",
-                                                  "dialect": "spark"}]}}
+    view = VIEW
     assert call("POST", f"{running.url}/v1/namespaces/db/views", view)[0] == 200
     status, body = call("POST", f"{running.url}/v1/namespaces/db/register",
                         {"name": "v", "metadata-location": table.metadata_location,
@@ -456,11 +458,7 @@ def test_a_dropped_view_is_registered_again_and_bad_registrations_are_refused(se
     running, config = served
     catalog.create_namespace("db")
     table = catalog.create_table("db.t", schema=SCHEMA)
-    view = {"name": "v", "schema": {"type": "struct", "schema-id": 0, "fields": []},
-            "view-version": {"version-id": 1, "schema-id": 0, "timestamp-ms": 1,
-                             "summary": {}, "default-namespace": ["db"],
-                             "representations": [{"type": "sql", "sql": "select 1",
-                                                  "dialect": "spark"}]}}
+    view = VIEW
     status, created = call("POST", f"{running.url}/v1/namespaces/db/views", view)
     assert status == 200, created
     location = created["metadata-location"]

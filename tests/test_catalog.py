@@ -475,6 +475,7 @@ def test_a_dropped_view_is_registered_again_and_bad_registrations_are_refused(se
     status, loaded = call("GET", f"{running.url}/v1/namespaces/db/views/v2")
     assert status == 200 and loaded["metadata"] == again["metadata"], loaded
     for bad, says in (({"name": "w"}, "metadata-location"),
+                      ({"name": 7, "metadata-location": location}, "must be a string"),
                       ({"name": "w", "metadata-location": table.metadata_location},
                        "no readable view metadata"),
                       ({"name": "w", "metadata-location": "file:///etc/passwd"}, "outside")):

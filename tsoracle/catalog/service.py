@@ -429,7 +429,7 @@ class Catalog:
 
     async def create_view(self, ns: Namespace, request: dict[str, Any]
                           ) -> tuple[str, ViewMetadata]:
-        name = check_name(str(request.get("name") or ""), "view name")
+        name = _view_name(request)
         given_props = request.get("properties") or {}
         if not isinstance(given_props, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in given_props.items()):
@@ -457,7 +457,7 @@ class Catalog:
                             ) -> tuple[str, ViewMetadata]:
         """An existing view metadata file as the view `name` (a view dropped, say, registered
         again): the file is the view's current version as it is, nothing written."""
-        name = check_name(str(request.get("name") or ""), "view name")
+        name = _view_name(request)
         given = request.get("metadata-location")
         if not isinstance(given, str) or not given:
             raise BadRequest("register-view needs `metadata-location`: the view's metadata file")
@@ -655,6 +655,14 @@ def forward_only(base: TableMetadata, current: str, location: str, registered: T
             {"snapshot-id": stamped.current_snapshot_id, "timestamp-ms": ts})
         stamped = stamped.model_copy(update={"snapshot_log": [*stamped.snapshot_log, entry]})
     return stamped
+
+
+def _view_name(request: dict[str, Any]) -> str:
+    """A view request's `name`: a string, checked as every name is (a number is no name)."""
+    given = request.get("name")
+    if not isinstance(given, str):
+        raise BadRequest("a view request's `name` must be a string")
+    return check_name(given, "view name")
 
 
 def _dotted(parts: Sequence[Any]) -> str:

@@ -124,6 +124,11 @@ CANCELS_PER_POINT = 50  # at least this many before the lock, in the body and at
 # that one client, so its BEGIN is the statement waiting for the lock, not one queued behind
 # another client's.
 CANCEL_TIMELINE = "counter:cancel"
+# The row each worker's cancelled transactions lock and update: one of its own. On a row the
+# others update, a SERIALIZABLE transaction that waited for its lock fails on the update it
+# waited for, and on a busy machine it failed like that for its whole retry budget (the CI run
+# of 99ba11a: 30 s, twenty times over).
+CANCEL_ROW = "counter:cancel-tx-{proc}"
 CANCEL_SHARE = 0.1  # of the other clients' calls, cancelled at a random point
 # A hold of the write lock ends once a transaction was cancelled waiting for it, or after this
 # long (a leader still starting, say); HOLD_SPACING operations complete between two holds.
@@ -222,16 +227,17 @@ class Standby(Exception):
     """The legacy implementation is active and another worker is the designated leader."""
 
 
-async def cancelled_transaction(oracle: ReopeningOracle, target: str,
-                                rng: random.Random) -> str | None:
-    """Run a transaction on `oracle`'s own backend and cancel it at `target`: "begin" a moment
+async def cancelled_transaction(oracle: ReopeningOracle, target: str, rng: random.Random,
+                                row: str) -> str | None:
+    """Run a transaction on `oracle`'s own backend, on the timestamps row `row`, and cancel it
+    at `target`: "begin" a moment
     after it started (the nemesis holds the lock it waits for), "body" with its second
     statement in flight, "commit" with its COMMIT in flight. Returns where the cancellation
     landed (CANCEL_POINTS, as the body saw it), or None if the transaction ended first."""
     loop = asyncio.get_running_loop()
     phase = ["begin"]
     landed: list[str] = []
-    where = {"timeline": CANCEL_TIMELINE}
+    where = {"timeline": row}
 
     def cancel(task: asyncio.Task[Any]) -> None:
         if task.cancel():
@@ -439,7 +445,8 @@ async def worker(args: argparse.Namespace) -> None:
                         target = "begin"
                 later += target != "begin"
                 try:
-                    landed = await cancelled_transaction(oracle, target, rng)
+                    landed = await cancelled_transaction(oracle, target, rng,
+                                                         CANCEL_ROW.format(proc=args.proc))
                     if landed is not None:
                         stats["cancelled_transactions"][landed] += 1
                         note(at=landed, target=target)
@@ -1160,7 +1167,9 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
     url = f"{url}?schema=lin_{scenario.replace('-', '_')}_{implementation}_{run_id}"
     cancelling = scenario == "cancelled-transactions"
     timelines = TIMELINES + ((CANCEL_TIMELINE,) if cancelling else ())
-    asyncio.run(tsoracle.init(url, timelines=list(timelines), implementation=implementation))
+    rows = [CANCEL_ROW.format(proc=i) for i in range(processes)] if cancelling else []
+    asyncio.run(tsoracle.init(url, timelines=[*timelines, *rows],
+                              implementation=implementation))
     control = Control(out / "control.json")
     control.write(implementation=implementation, leader=0)
     procs: dict[int, subprocess.Popen[bytes]] = {}

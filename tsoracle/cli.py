@@ -241,6 +241,10 @@ def _catalog_flags(c: argparse.ArgumentParser) -> None:
                    help="snapshot expiry (remove-snapshots, from any engine) is refused for "
                         "snapshots a read at a timestamp handed out within this many seconds "
                         "needs")
+    c.add_argument("--idempotency-key-lifetime", type=int, default=1800, metavar="SECONDS",
+                   help="a client may retry a change with the same Idempotency-Key header for "
+                        "this long and get the first answer (advertised in /v1/config; "
+                        "default 1800: PT30M)")
 
 
 def _operator_flags(c: argparse.ArgumentParser) -> None:
@@ -485,7 +489,8 @@ def _catalog(args: argparse.Namespace) -> int:
                            token=read_token(args.token_file) if args.token_file else None,
                            allowed_locations=tuple(args.allow_location),
                            io_properties=tuple(parse_io_property(p) for p in args.io_property),
-                           metrics_port=args.metrics_port, retention_s=args.retention)
+                           metrics_port=args.metrics_port, retention_s=args.retention,
+                           key_lifetime_s=args.idempotency_key_lifetime)
     return run(_serving(serve(config, lambda url: print(f"catalog: {url}", flush=True))))
 
 

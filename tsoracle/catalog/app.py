@@ -26,12 +26,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tsoracle.catalog import boundary
+from tsoracle.catalog import boundary, idempotency, state
 from tsoracle.catalog.boundary import check_name, check_namespace
 from tsoracle.catalog.errors import (
     BadRequest,
     CatalogError,
-    CommitFailed,
+    Contended,
     NotAuthorized,
     NotFound,
     PayloadTooLarge,
@@ -44,6 +44,7 @@ from tsoracle.catalog.metrics import REQUESTS
 from tsoracle.catalog.service import Catalog, Change, Loaded
 from tsoracle.catalog.state import SEP
 from tsoracle.errors import OracleError, Refused
+from tsoracle.oracle.api import wall_clock_ms
 
 log = logging.getLogger("tsoracle.catalog")
 MAX_BODY = 16 * 1024 * 1024  # table metadata with many snapshots runs to megabytes, not more
@@ -81,9 +82,21 @@ ENDPOINTS = [
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def build_app(catalog: Catalog, *, token: str | None = None,
-              max_body: int = MAX_BODY) -> Any:
-    api = _Api(catalog, max_body)
+# Mutations an Idempotency-Key makes safe to retry (idempotency.py); metrics reports and the
+# oracle's own routes change nothing a retry could repeat.
+KEYED = ("/v1/namespaces", "/v1/namespaces/{namespace}", "/v1/namespaces/{namespace}/properties",
+         "/v1/namespaces/{namespace}/tables", "/v1/namespaces/{namespace}/tables/{table}",
+         "/v1/namespaces/{namespace}/register", "/v1/tables/rename",
+         "/v1/namespaces/{namespace}/views", "/v1/namespaces/{namespace}/register-view",
+         "/v1/namespaces/{namespace}/views/{view}", "/v1/views/rename",
+         "/v1/transactions/commit")
+# Routes whose success has no body: a replay answers 204 whatever landed.
+NO_CONTENT = ("/v1/tables/rename", "/v1/views/rename", "/v1/transactions/commit")
+
+
+def build_app(catalog: Catalog, *, token: str | None = None, max_body: int = MAX_BODY,
+              key_lifetime_s: int = idempotency.DEFAULT_LIFETIME_S) -> Any:
+    api = _Api(catalog, max_body, key_lifetime_s)
     ns = "/v1/namespaces/{namespace}"
     routes = [
         Route("/v1/config", api.config, methods=["GET"]),
@@ -105,8 +118,10 @@ def build_app(catalog: Catalog, *, token: str | None = None,
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/readyz", api.readyz, methods=["GET"]),
     ]
-    app = Starlette(routes=[Route(r.path, _guarded(r.endpoint, token, r.path), methods=r.methods)
-                            for r in routes])
+    app = Starlette(routes=[
+        Route(r.path, _guarded(api.keyed(r.endpoint, r.path) if r.path in KEYED else r.endpoint,
+                               token, r.path), methods=r.methods)
+        for r in routes])
     app.add_exception_handler(404, _not_found)
     app.add_exception_handler(405, _not_allowed)
     return _KeepEncodedSlashes(app)
@@ -127,7 +142,7 @@ def _guarded(endpoint: Callable[..., Any], token: str | None, route: str) -> Han
         except CatalogError as exc:
             response = _error(exc)
         except Refused as exc:  # this request's data, refused by the database: its own error
-            response = _error(CommitFailed("a concurrent change took a name this request "
+            response = _error(Contended("a concurrent change took a name this request "
                                            "adds; load it and try again")
                               if exc.kind == "duplicate" else
                               BadRequest("the catalog's database refused this request's data; "
@@ -167,12 +182,97 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
 
 
 class _Api:
-    def __init__(self, catalog: Catalog, max_body: int) -> None:
+    def __init__(self, catalog: Catalog, max_body: int, key_lifetime_s: int) -> None:
         self.catalog = catalog
         self.max_body = max_body
+        self.key_lifetime_s = key_lifetime_s
+        self.in_flight = idempotency.InFlight()
 
     async def config(self, request: Request) -> Response:
-        return JSONResponse({"defaults": {}, "overrides": {}, "endpoints": ENDPOINTS})
+        return JSONResponse({"defaults": {}, "overrides": {}, "endpoints": ENDPOINTS,
+                             "idempotency-key-lifetime":
+                                 idempotency.lifetime_text(self.key_lifetime_s)})
+
+    def keyed(self, endpoint: Handler, route: str) -> Handler:
+        """`endpoint`, answering a mutation that carries an Idempotency-Key once."""
+        async def handle(request: Request) -> Response:
+            header = request.headers.get("idempotency-key")
+            if header is None or request.method not in ("POST", "DELETE"):
+                return await endpoint(request)
+            key = idempotency.parse_key(header)
+            raw = await self._raw(request) if request.method == "POST" else b""
+            mark = idempotency.Mark(
+                key, idempotency.fingerprint(request.method, request.url.path, raw),
+                wall_clock_ms() - (self.key_lifetime_s + idempotency.GRACE_S) * 1000)
+            async with self.in_flight.one(key):
+                replay = await self._replay(request, route, mark)
+                if replay is not None:
+                    return replay
+                return await self._first(endpoint, request, route, mark)
+
+        return handle
+
+    async def _first(self, endpoint: Handler, request: Request, route: str,
+                     mark: idempotency.Mark) -> Response:
+        """Serve a key's first request, and record its answer if that is final."""
+        error: CatalogError | None = None
+        token = idempotency.CURRENT.set(mark)
+        try:
+            response = await endpoint(request)
+        except idempotency.KeyTaken:
+            # Another replica landed a request with this key meanwhile: its answer.
+            replay = await self._replay(request, route, mark)
+            if replay is None:
+                raise
+            return replay
+        except CatalogError as exc:
+            response, error = _error(exc), exc
+        finally:
+            idempotency.CURRENT.reset(token)
+        if idempotency.final(response.status_code, error):
+            try:
+                await state.answer_key(self.catalog.backend, mark.key, mark.fingerprint,
+                                       response.status_code, bytes(response.body).decode(),
+                                       wall_clock_ms(), mark.expired_ms)
+            except OracleError as exc:  # the answer still goes out; a replay rebuilds it
+                log.warning("recording an Idempotency-Key's answer failed: %s",
+                            exc.__class__.__name__)
+        return response
+
+    async def _replay(self, request: Request, route: str, mark: idempotency.Mark
+                      ) -> Response | None:
+        """The answer recorded for `mark`'s key, or None if the key is new (or expired)."""
+        found = await state.stored_key(self.catalog.backend, mark.key, mark.expired_ms)
+        if found is None:
+            return None
+        stored = idempotency.Stored(*found)
+        idempotency.check(stored, mark)
+        status, body = stored.status, stored.body
+        if status is None:  # it landed, and its answer was lost with its server
+            return await self._rebuilt(request, route)
+        if status == 204:
+            return Response(status_code=204)
+        return Response(body or "", status_code=status, media_type="application/json")
+
+    async def _rebuilt(self, request: Request, route: str) -> Response:
+        """The answer of a request that landed without its answer recorded: 204, or the
+        object as it is now (the spec allows a replay to show a newer state)."""
+        if request.method == "DELETE" or route in NO_CONTENT:
+            return Response(status_code=204)
+        body = await self._json(request)
+        if route == "/v1/namespaces":
+            ns = check_namespace(_strings(body.get("namespace"), "namespace"))
+            return JSONResponse({"namespace": list(ns),
+                                 "properties": await self.catalog.load_namespace(ns)})
+        ns = _ns(request)
+        if route.endswith("/tables/{table}"):
+            return _loaded(await self.catalog.load_table(ns, _param(request, "table")))
+        if route.endswith("/views/{view}"):
+            return _view(*await self.catalog.load_view(ns, _param(request, "view")))
+        name = check_name(str(body.get("name", "")))
+        if route.endswith(("/views", "/register-view")):
+            return _view(*await self.catalog.load_view(ns, name))
+        return _loaded(await self.catalog.load_table(ns, name))
 
     async def healthz(self, request: Request) -> Response:
         """Alive: the process answers (a restart would not fix the database)."""
@@ -322,6 +422,17 @@ class _Api:
         return JSONResponse({"timeline": self.catalog.ordering.timeline, "closed-ts": ts})
 
     async def _json(self, request: Request) -> dict[str, Any]:
+        data = await self._raw(request) or b"{}"
+        if len(data) > LARGE_BODY:  # parsing is CPU work: off the event loop
+            body = await asyncio.to_thread(_decode, data)
+            body.large = True
+            return body
+        return _decode(data)
+
+    async def _raw(self, request: Request) -> bytes:
+        """The request's body, read once (an Idempotency-Key's fingerprint reads it first)."""
+        if hasattr(request.state, "raw"):
+            return bytes(request.state.raw)
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             raise PayloadTooLarge(f"the request body is larger than {self.max_body} bytes")
@@ -339,12 +450,8 @@ class _Api:
                 from None
         except ClientDisconnect:
             raise BadRequest("the client went away before its request body arrived") from None
-        data = b"".join(chunks) or b"{}"
-        if len(data) > LARGE_BODY:  # parsing is CPU work: off the event loop
-            body = await asyncio.to_thread(_decode, data)
-            body.large = True
-            return body
-        return _decode(data)
+        request.state.raw = b"".join(chunks)
+        return bytes(request.state.raw)
 
 
 def _decode(data: bytes) -> _Body:

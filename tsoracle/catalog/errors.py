@@ -9,6 +9,8 @@ from typing import Any
 class CatalogError(Exception):
     status = 500
     type = "RuntimeException"
+    # The same request would get this answer again (an Idempotency-Key replays it: its 4xx).
+    final = True
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -65,6 +67,12 @@ class CommitFailed(CatalogError):
     """Nothing was committed; the client may refresh and try again."""
 
     status, type = 409, "CommitFailedException"
+
+
+class Contended(CommitFailed):
+    """Nothing was committed because of concurrent changes: the same request may land later."""
+
+    final = False
 
 
 class PayloadTooLarge(CatalogError):

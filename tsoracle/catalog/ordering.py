@@ -21,12 +21,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
-from tsoracle.catalog import state
+from tsoracle.catalog import idempotency, state
 from tsoracle.catalog.errors import (
     BadRequest,
     CatalogError,
-    CommitFailed,
     CommitStateUnknown,
+    Contended,
     Unavailable,
     location_taken,
 )
@@ -61,6 +61,7 @@ class Plan(Generic[R]):
     # (namespace, name, resolved location): the folders this plan gives tables or views; each
     # must be free of every other table's and view's when it lands.
     locations: list[tuple[state.Namespace, str, str]] = field(default_factory=list)
+    mark: idempotency.Mark | None = None  # the request's Idempotency-Key, landed with it
 
     def keys(self) -> set[tuple[Any, ...]]:
         """The names this plan changes: two plans that share one cannot land together."""
@@ -75,9 +76,12 @@ class Ordering:
 
     def __init__(self, url: str, timeline: str, backend: Backend,
                  cleanup: Callable[[list[str]], Awaitable[None]],
-                 retention_s: float = DEFAULT_RETENTION_S) -> None:
+                 retention_s: float = DEFAULT_RETENTION_S,
+                 keys_kept_s: int = idempotency.DEFAULT_LIFETIME_S + idempotency.GRACE_S
+                 ) -> None:
         self.timeline = timeline
         self.retention_ms = int(retention_s * 1000)
+        self.keys_kept_ms = keys_kept_s * 1000  # Idempotency-Key rows, pruned with the marks
         self.backend = backend
         self._cleanup = cleanup
         self._queue: list[_Waiting] = []
@@ -127,13 +131,15 @@ class Ordering:
                 COMMITS.inc()
                 return cast(R, landed[0])
             RETRIES.inc()
-        raise CommitFailed(f"the commit lost {MAX_ATTEMPTS} races for the catalog's timeline "
+        raise Contended(f"the commit lost {MAX_ATTEMPTS} races for the catalog's timeline "
                            f"{self.timeline!r} in a row; try again")
 
     async def _attempt(self, build: Callable[[int, int], Awaitable[Plan[Any]]],
                        attempt: int) -> tuple[Any] | None:
         """One try in the next group: (result,) if it landed, None if it must try again."""
-        waiting = _Waiting(build, attempt, asyncio.get_running_loop().create_future())
+        # The key is the request's: the group lands in the task of whichever came first.
+        waiting = _Waiting(build, attempt, asyncio.get_running_loop().create_future(),
+                           idempotency.CURRENT.get())
         self._queue.append(waiting)
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_all())
@@ -177,6 +183,7 @@ class Ordering:
                 self._queue.insert(0, w)
             else:
                 touched |= plan.keys()
+                plan.mark = w.mark
                 members.append((w, plan))
         if not members:
             return
@@ -293,8 +300,9 @@ class Ordering:
 
     async def _prune(self) -> None:
         try:
-            await state.prune_commits(self.backend, self.timeline, wall_clock_ms(),
-                                      self.retention_ms)
+            now = wall_clock_ms()
+            await state.prune_commits(self.backend, self.timeline, now, self.retention_ms)
+            await state.prune_keys(self.backend, now - self.keys_kept_ms)
         except Exception as exc:
             log.debug("pruning commit marks failed: %s", exc.__class__.__name__)
         finally:
@@ -322,6 +330,8 @@ class Ordering:
 
 
 async def _apply(tx: Tx, plan: Plan[Any]) -> None:
+    if plan.mark is not None:
+        await idempotency.record_mark(tx, plan.mark)
     await state.swap(tx, plan.swaps)
     for gone in plan.drops:
         await state.remove(tx, gone.namespace, gone.name, gone.kind, gone.metadata_location)
@@ -365,6 +375,7 @@ class _Waiting:
     build: Callable[[int, int], Awaitable[Plan[Any]]]
     attempt: int
     done: asyncio.Future[tuple[Any] | None]
+    mark: idempotency.Mark | None = None
 
     def succeed(self, result: Any) -> None:
         if not self.done.done():

@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIServer
 import uvicorn
 from prometheus_client import start_http_server
 
-from tsoracle.catalog import state
+from tsoracle.catalog import idempotency, state
 from tsoracle.catalog.app import MAX_BODY, build_app
 from tsoracle.catalog.metadata import Warehouse
 from tsoracle.catalog.ordering import DEFAULT_RETENTION_S, Ordering
@@ -66,6 +66,8 @@ class CatalogConfig:
     # Snapshot expiry (remove-snapshots, from any engine) keeps every snapshot a read at a
     # timestamp handed out within the last this many seconds needs (--retention).
     retention_s: float = DEFAULT_RETENTION_S
+    # How long a client may retry with one Idempotency-Key (--idempotency-key-lifetime).
+    key_lifetime_s: int = idempotency.DEFAULT_LIFETIME_S
 
 
 def parse_io_property(text: str) -> tuple[str, str]:
@@ -143,9 +145,13 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
         if not 0 <= config.retention_s <= 10 * 365 * 86400:
             raise ConfigError(f"--retention {config.retention_s:g} is not a number of seconds "
                               "from 0 to ten years")
+        if not 1 <= config.key_lifetime_s <= idempotency.MAX_LIFETIME_S:
+            raise ConfigError(f"--idempotency-key-lifetime {config.key_lifetime_s} is not a "
+                              "number of seconds from 1 to 7 days (604800)")
         ordering = Ordering(config.url, config.timeline, backend,
                             cleanup=lambda files: asyncio.to_thread(warehouse.delete, files),
-                            retention_s=config.retention_s)
+                            retention_s=config.retention_s,
+                            keys_kept_s=config.key_lifetime_s + idempotency.GRACE_S)
         # An uninitialised oracle or timeline fails here, before anything is served.
         await _without_address(config.url, ordering.oracle.current())
         try:
@@ -158,7 +164,8 @@ async def serve(config: CatalogConfig, on_ready: Callable[[str], None],
                 "guarantee), or give this catalog a schema of its own") from None
         catalog = Catalog(backend, ordering, warehouse)
         await catalog.record_locations()
-        app = build_app(catalog, token=config.token, max_body=config.max_body)
+        app = build_app(catalog, token=config.token, max_body=config.max_body,
+                        key_lifetime_s=config.key_lifetime_s)
         # At most this many requests at once (beyond them: 503 at once), so that a flood of
         # slow connections cannot take every file descriptor from the clients behind them.
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",

@@ -28,7 +28,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.view.metadata import ViewMetadata
 
-from tsoracle.catalog import boundary, metadata, state, views
+from tsoracle.catalog import boundary, idempotency, metadata, state, views
 from tsoracle.catalog.boundary import check_name
 from tsoracle.catalog.errors import (
     BadRequest,
@@ -116,7 +116,10 @@ class Catalog:
                 # A 400: the spec lists no 404 for this operation.
                 raise BadRequest(f"{no_namespace(ns[:-1]).message}; create the parent "
                                  "namespace first")
-            return await state.create_namespace(tx, ns, properties)
+            created = await state.create_namespace(tx, ns, properties)
+            if created:
+                await idempotency.record(tx)
+            return created
 
         if not await self.backend.transaction(body):
             raise namespace_taken(ns)
@@ -151,6 +154,7 @@ class Catalog:
             if await state.count_objects(tx, ns) or children:
                 raise not_empty(ns)
             await state.drop_namespace(tx, ns)
+            await idempotency.record(tx)
 
         await self.backend.transaction(body)
 
@@ -170,7 +174,10 @@ class Catalog:
             removed = [k for k in removals if k in current]
             merged = {k: v for k, v in current.items() if k not in removed} | updates
             await state.set_namespace_properties(tx, ns, merged)
-            return {"removed": removed, "updated": list(updates), "missing": missing}
+            result = {"removed": removed, "updated": list(updates), "missing": missing}
+            # Its answer with its key: it cannot be told again from the namespace afterwards.
+            await idempotency.record(tx, answer=(200, json.dumps(result)))
+            return result
 
         return await self.backend.transaction(body)
 

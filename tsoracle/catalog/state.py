@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tsoracle.store import Backend, Tx, schema
 
 TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers", "iceberg_commits",
-          "iceberg_locations")
+          "iceberg_locations", "iceberg_idempotency")
 # How long a commit's row stays: far beyond any retry of its transaction (seconds), and beyond
 # any clock difference between replicas (the row is stamped and pruned by their wall clocks);
 # short enough that the pruning's scan stays small at high commit rates.
@@ -40,6 +40,11 @@ _DDL = (
     """CREATE TABLE IF NOT EXISTS {iceberg_locations} (
         namespace TEXT NOT NULL, name TEXT NOT NULL, location TEXT NOT NULL,
         PRIMARY KEY (namespace, name))""",
+    # Idempotency-Key (idempotency.py): written in the transaction that lands the request's
+    # change; status and body once its final answer is known.
+    """CREATE TABLE IF NOT EXISTS {iceberg_idempotency} (
+        key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, status INTEGER, body TEXT,
+        at_ms BIGINT NOT NULL)""",
 )
 
 SEP = "\x1f"  # between namespace levels in a row (the REST spec's own separator in URLs)
@@ -334,6 +339,54 @@ async def first_commit_since(backend: Backend, timeline: str, since_ms: int) -> 
     rows = await backend.fetch("SELECT MIN(ts) FROM {iceberg_commits} WHERE timeline = %(t)s"
                                " AND at_ms >= %(s)s", {"t": timeline, "s": since_ms})
     return backend.dec(rows[0][0]) if rows and rows[0][0] is not None else None
+
+
+# --- Idempotency-Key ---------------------------------------------------------------------------
+
+async def record_key(tx: Tx, key: str, fingerprint: str, now_ms: int, expired_ms: int,
+                     answer: tuple[int, str] | None = None) -> bool:
+    """Leave `key`'s row (and its answer, if known) in the transaction that lands its
+    request, over a row older than `expired_ms`; False if the key has a live row."""
+    status, body = answer if answer is not None else (None, None)
+    rows = await tx.fetch("INSERT INTO {iceberg_idempotency} AS k (key, fingerprint, status,"
+                          " body, at_ms) VALUES (%(k)s, %(f)s, %(s)s, %(b)s, %(at)s)"
+                          " ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint,"
+                          " status = excluded.status, body = excluded.body,"
+                          " at_ms = excluded.at_ms WHERE k.at_ms < %(old)s RETURNING key",
+                          {"k": key, "f": fingerprint, "s": status, "b": body, "at": now_ms,
+                           "old": expired_ms})
+    return bool(rows)
+
+
+async def answer_key(db: Backend | Tx, key: str, fingerprint: str, status: int, body: str,
+                     now_ms: int, expired_ms: int) -> None:
+    """Record `key`'s final answer: on its own row, or on a new one (a refusal landed nothing,
+    so it left none), over a row older than `expired_ms`."""
+    await db.fetch("INSERT INTO {iceberg_idempotency} AS k (key, fingerprint, status, body,"
+                   " at_ms) VALUES (%(k)s, %(f)s, %(s)s, %(b)s, %(at)s) ON CONFLICT (key)"
+                   " DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,"
+                   " body = excluded.body, at_ms = CASE WHEN k.at_ms < %(old)s"
+                   " THEN excluded.at_ms ELSE k.at_ms END"
+                   " WHERE (k.status IS NULL AND k.fingerprint = excluded.fingerprint)"
+                   " OR k.at_ms < %(old)s",
+                   {"k": key, "f": fingerprint, "s": status, "b": body, "at": now_ms,
+                    "old": expired_ms})
+
+
+async def stored_key(db: Backend | Tx, key: str, since_ms: int
+                     ) -> tuple[str, int | None, str | None] | None:
+    """(fingerprint, status, body) of `key`'s row, unless it is older than `since_ms`."""
+    rows = await db.fetch("SELECT fingerprint, status, body FROM {iceberg_idempotency}"
+                          " WHERE key = %(k)s AND at_ms >= %(s)s", {"k": key, "s": since_ms})
+    if not rows:
+        return None
+    fp, status, body = rows[0]
+    return str(fp), None if status is None else int(status), None if body is None else str(body)
+
+
+async def prune_keys(backend: Backend, before_ms: int) -> None:
+    await backend.fetch("DELETE FROM {iceberg_idempotency} WHERE at_ms < %(c)s",
+                        {"c": before_ms})
 
 
 async def upper(backend: Backend, timeline: str) -> int:

@@ -125,7 +125,7 @@ async def release(backend: Backend, owner: str) -> None:
 # Iceberg catalog's (catalog/state.py TABLES). They are named here so that deleting a
 # deployment removes them too, from a floor that never imports those above it.
 CATALOG_TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers", "iceberg_commits",
-                  "iceberg_locations")
+                  "iceberg_locations", "iceberg_idempotency")
 DEPLOYMENT_TABLES = (*TABLES, *CATALOG_TABLES)
 
 

@@ -28,7 +28,7 @@ _FIELD_RE = re.compile(r"\{(\w+)(?::(\w+))?\}")
 # checks that the lists agree). A new table is added here too.
 TABLES = frozenset({"timestamps", "deployment",
                     "iceberg_namespaces", "iceberg_objects", "iceberg_uppers",
-                    "iceberg_commits", "iceberg_locations"})
+                    "iceberg_commits", "iceberg_locations", "iceberg_idempotency"})
 # Tables of earlier releases (the Parquet changelog's catalog, replaced by Iceberg): nothing
 # creates or reads them any more; deleting a deployment drops them if they are there.
 RETIRED_TABLES = frozenset({"table_catalog", "table_commits", "timeline_uppers", "table_tags",

@@ -160,7 +160,7 @@ class Ordering:
                         w.fail(CommitStateUnknown(
                             f"the catalog failed unexpectedly ({exc.__class__.__name__}) "
                             "around this commit; load the table to see whether it landed "
-                            "before retrying"))
+                            "before retrying, or retry with the same Idempotency-Key"))
         finally:
             self._flusher = None
 
@@ -268,7 +268,7 @@ class Ordering:
                 w.fail(CommitStateUnknown(
                     f"the catalog's database did not confirm the commit ("
                     f"{exc.__class__.__name__}); load the table to see whether it landed "
-                    "before retrying"))
+                    "before retrying, or retry with the same Idempotency-Key"))
             return None
         landed = []
         for i, (w, plan) in enumerate(members):

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from pyiceberg.schema import Schema
-from pyiceberg.table.update import SetPropertiesUpdate
+from pyiceberg.table.update import AssertCurrentSchemaId, SetPropertiesUpdate
 from pyiceberg.types import LongType, NestedField
 
 import tsoracle
 from tsoracle.catalog import state
-from tsoracle.catalog.errors import CommitStateUnknown
+from tsoracle.catalog.errors import CommitFailed, CommitStateUnknown
 from tsoracle.catalog.metadata import Warehouse
 from tsoracle.catalog.ordering import Ordering, Plan
 from tsoracle.catalog.service import Catalog, Change
@@ -60,12 +60,42 @@ async def test_commits_queued_together_land_at_one_timestamp(url, tmp_path):
         stamps = {d[0].metadata.last_updated_ms for d in done}
         assert len(stamps) == 1  # one group, one W
         assert all(d[0].metadata.properties["k"] == "x" for d in done)
-        # Two commits to one table never share a group: the second lands at a later W, on
-        # top of the first.
+        # Two commits to one table share a group too: the second is built on the first.
         first, second = await asyncio.gather(catalog.commit([_set("t0", "1")]),
                                              catalog.commit([_set("t0", "2")]))
-        assert first[0].metadata.last_updated_ms < second[0].metadata.last_updated_ms
+        assert first[0].metadata.last_updated_ms == second[0].metadata.last_updated_ms
+        assert first[0].metadata_location in {
+            e.metadata_file for e in second[0].metadata.metadata_log}
         assert (await catalog.load_table(("db",), "t0")).metadata.properties["k"] == "2"
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()
+
+
+async def test_commits_to_one_table_share_a_group_in_arrival_order(url, tmp_path):
+    """Eight commits to one table, queued together: one W, each on the one before (its own
+    metadata file, the earlier ones in its metadata log), one whose requirement fails on
+    what the earlier ones left refused alone."""
+    catalog = await _catalog(url, tmp_path / "wh")
+    try:
+        await _tables(catalog, 1)
+        changes = [Change(("db",), "t0", (), (SetPropertiesUpdate(updates={f"k{i}": "v"}),))
+                   for i in range(8)]
+        # The fifth asserts a schema the table never has: refused, and only it.
+        changes[4] = Change(("db",), "t0", (AssertCurrentSchemaId(current_schema_id=1),),
+                            changes[4].updates)
+        done = await asyncio.gather(*(catalog.commit([c]) for c in changes),
+                                    return_exceptions=True)
+        assert isinstance(done[4], CommitFailed), done[4]
+        landed = [d[0] for i, d in enumerate(done) if i != 4]
+        assert len({d.metadata.last_updated_ms for d in landed}) == 1  # one group, one W
+        files = [d.metadata_location for d in landed]
+        assert len(set(files)) == 7
+        table = await catalog.load_table(("db",), "t0")
+        assert table.metadata_location == files[-1]
+        assert set(table.metadata.properties) == {f"k{i}" for i in range(8) if i != 4}
+        logged = [e.metadata_file for e in table.metadata.metadata_log]
+        assert logged[-6:] == files[:-1]  # in arrival order
     finally:
         await catalog.ordering.close()
         await catalog.backend.close()

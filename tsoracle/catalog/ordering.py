@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
@@ -40,6 +41,10 @@ from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
 from tsoracle.store import Backend, Tx
 
 R = TypeVar("R")
+# While a commit chained behind others of its group is built: (namespace, name) -> the metadata
+# location and metadata those leave the table at (`based_on`).
+BASES: ContextVar[dict[tuple[Any, ...], tuple[str, Any]] | None] = ContextVar(
+    "tsoracle_bases", default=None)
 log = logging.getLogger("tsoracle.catalog")
 MAX_ATTEMPTS = 8  # fresh timestamps a commit may take before it reports contention
 MAX_GROUP = 256  # commits landed in one transaction at most
@@ -62,6 +67,9 @@ class Plan(Generic[R]):
     # must be free of every other table's and view's when it lands.
     locations: list[tuple[state.Namespace, str, str]] = field(default_factory=list)
     mark: idempotency.Mark | None = None  # the request's Idempotency-Key, landed with it
+    # (namespace, name) -> (metadata location, metadata) this plan leaves the table at: a
+    # later commit to the table in the same group is built on it.
+    after: dict[tuple[Any, ...], tuple[str, Any]] = field(default_factory=dict)
 
     def keys(self) -> set[tuple[Any, ...]]:
         """The names this plan changes: two plans that share one cannot land together."""
@@ -69,6 +77,13 @@ class Plan(Generic[R]):
                 *((d.namespace, d.name) for d in self.drops),
                 *((r[0].namespace, r[0].name) for r in self.renames),
                 *((r[1], r[2]) for r in self.renames)}
+
+
+def based_on(key: tuple[Any, ...]) -> tuple[str, Any] | None:
+    """The metadata a commit being built must start from if earlier members of its group
+    change the table `key` (their last one's location and metadata), else None."""
+    bases = BASES.get()
+    return None if bases is None else bases.get(key)
 
 
 class Ordering:
@@ -122,24 +137,28 @@ class Ordering:
                                                wall_clock_ms() - self.retention_ms)
         return (first if first is not None else ts) - 1
 
-    async def commit(self, build: Callable[[int, int], Awaitable[Plan[R]]]) -> R:
+    async def commit(self, build: Callable[[int, int], Awaitable[Plan[R]]],
+                     tables: frozenset[tuple[Any, ...]] = frozenset()) -> R:
         """Land `build(W, attempt)`'s plan at a fresh W, retrying while W falls behind or a
-        pointer moved under it; `build` checks the requirements again each time."""
+        pointer moved under it; `build` checks the requirements again each time. `tables`:
+        the tables a commit of table changes changes, known before it is built; such commits
+        to one table share a group, each built on the one before (`based_on`)."""
         for attempt in range(MAX_ATTEMPTS):
-            landed = await self._attempt(build, attempt)
+            landed = await self._attempt(build, attempt, tables)
             if landed is not None:
                 COMMITS.inc()
                 return cast(R, landed[0])
             RETRIES.inc()
         raise Contended(f"the commit lost {MAX_ATTEMPTS} races for the catalog's timeline "
-                           f"{self.timeline!r} in a row; try again")
+                        f"{self.timeline!r} in a row; try again")
 
     async def _attempt(self, build: Callable[[int, int], Awaitable[Plan[Any]]],
-                       attempt: int) -> tuple[Any] | None:
+                       attempt: int, tables: frozenset[tuple[Any, ...]] = frozenset()
+                       ) -> tuple[Any] | None:
         """One try in the next group: (result,) if it landed, None if it must try again."""
         # The key is the request's: the group lands in the task of whichever came first.
         waiting = _Waiting(build, attempt, asyncio.get_running_loop().create_future(),
-                           idempotency.CURRENT.get())
+                           idempotency.CURRENT.get(), tables)
         self._queue.append(waiting)
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_all())
@@ -171,20 +190,7 @@ class Ordering:
             for w in group:
                 w.fail(exc)
             return
-        built = await asyncio.gather(*(w.build(ts, w.attempt) for w in group),
-                                     return_exceptions=True)
-        members: list[tuple[_Waiting, Plan[Any]]] = []
-        touched: set[tuple[Any, ...]] = set()
-        for w, plan in zip(group, built, strict=True):
-            if isinstance(plan, BaseException):
-                w.fail(plan)
-            elif plan.keys() & touched:  # a table twice: the later one goes in the next group
-                await self._cleanup(plan.written)
-                self._queue.insert(0, w)
-            else:
-                touched |= plan.keys()
-                plan.mark = w.mark
-                members.append((w, plan))
+        members = await self._build(group, ts)
         if not members:
             return
         landed = await self._land_group(members, ts)
@@ -201,6 +207,49 @@ class Ordering:
         for w, plan in landed:
             w.succeed(plan.result)
         self._prune_soon()
+
+    async def _build(self, group: list[_Waiting], ts: int) -> list[tuple[_Waiting, Plan[Any]]]:
+        """The group's plans at `ts`: built at once, except that a commit to a table an
+        earlier member of the group changes is built after it, on its metadata."""
+        now: list[_Waiting] = []
+        chained: list[_Waiting] = []
+        claimed: set[tuple[Any, ...]] = set()
+        for w in group:
+            (chained if w.tables & claimed else now).append(w)
+            claimed |= w.tables
+        built = await asyncio.gather(*(w.build(ts, w.attempt) for w in now),
+                                     return_exceptions=True)
+        members: list[tuple[_Waiting, Plan[Any]]] = []
+        touched: dict[tuple[Any, ...], Plan[Any]] = {}  # each name: the last plan changing it
+        for w, plan in [*zip(now, built, strict=True), *((w, None) for w in chained)]:
+            if plan is None:  # chained: built now, on the metadata its predecessors leave
+                if any(k in touched and k not in touched[k].after for k in w.tables):
+                    self._queue.insert(0, w)  # dropped or renamed in this group: the next
+                    continue
+                plan = await self._build_on(w, ts, {k: touched[k].after[k]
+                                                    for k in w.tables if k in touched})
+            if isinstance(plan, BaseException):
+                w.fail(plan)
+            elif any(k in touched and k not in w.tables for k in plan.keys()):
+                # A name twice, unforeseen (a create beside a drop): the next group.
+                await self._cleanup(plan.written)
+                self._queue.insert(0, w)
+            else:
+                touched.update(dict.fromkeys(plan.keys(), plan))
+                plan.mark = w.mark
+                members.append((w, plan))
+        return members
+
+    @staticmethod
+    async def _build_on(w: _Waiting, ts: int, bases: dict[tuple[Any, ...], tuple[str, Any]]
+                        ) -> Plan[Any] | BaseException:
+        token = BASES.set(bases)
+        try:
+            return await w.build(ts, w.attempt)
+        except Exception as exc:
+            return exc
+        finally:
+            BASES.reset(token)
 
     async def _land_group(self, members: list[tuple[_Waiting, Plan[Any]]], ts: int
                           ) -> list[tuple[_Waiting, Plan[Any]]] | None:
@@ -376,6 +425,7 @@ class _Waiting:
     attempt: int
     done: asyncio.Future[tuple[Any] | None]
     mark: idempotency.Mark | None = None
+    tables: frozenset[tuple[Any, ...]] = frozenset()
 
     def succeed(self, result: Any) -> None:
         if not self.done.done():

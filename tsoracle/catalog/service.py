@@ -43,7 +43,7 @@ from tsoracle.catalog.errors import (
     not_empty,
     rename_taken,
 )
-from tsoracle.catalog.ordering import Ordering, Plan
+from tsoracle.catalog.ordering import Ordering, Plan, based_on
 from tsoracle.catalog.state import Namespace
 from tsoracle.store import Backend, Tx
 
@@ -250,6 +250,7 @@ class Catalog:
                     plan.written.append(swap.new)
                     plan.swaps.append(swap)
                     plan.result.append(loaded)
+                    plan.after[(change.namespace, change.name)] = (swap.new, loaded.metadata)
                     if moved_to is not None:
                         plan.locations.append((change.namespace, change.name, moved_to))
             except BaseException:
@@ -257,7 +258,7 @@ class Catalog:
                 raise
             return plan
 
-        return await self.ordering.commit(build)
+        return await self.ordering.commit(build, tables=frozenset(names))
 
     def check_updates(self, updates: Sequence[TableUpdate]) -> None:
         """What a commit's updates may set, checked before any database work."""
@@ -280,17 +281,7 @@ class Catalog:
         """The change on the table's current metadata, written; and the table's new resolved
         location if it has a new one (created, or moved by set-location)."""
         ns, name = change.namespace, check_name(change.name)
-        found = await state.pointer(self.backend, ns, name)
-        creating = any(isinstance(r, AssertCreate) for r in change.requirements)
-        if found is None and not creating:
-            await self.load_namespace(ns)
-            raise no_table((*ns, name))
-        if found is not None and found.kind != TABLE:
-            raise name_taken((*ns, name), found.kind, TABLE)
-        if found is None:
-            await self.load_namespace(ns)
-        base_location = found.metadata_location if found else None
-        base = await self._read(base_location) if base_location else None
+        base_location, base = await self._base(change)
         metadata.check(change.requirements, base)
         removed = {i for u in change.updates if isinstance(u, RemoveSnapshotsUpdate)
                    for i in u.snapshot_ids}
@@ -307,6 +298,25 @@ class Catalog:
         target = metadata.next_location(new, base_location)
         await asyncio.to_thread(self.warehouse.write, new, target)
         return Loaded(target, new), state.Swap(ns, name, base_location, target), moved_to
+
+    async def _base(self, change: Change) -> tuple[str | None, TableMetadata | None]:
+        """Where a table change starts: the metadata an earlier commit of its group leaves
+        the table at, else the table's current metadata (None, None: a create)."""
+        ns, name = change.namespace, change.name
+        chained = based_on((ns, name))
+        if chained is not None:
+            return chained
+        found = await state.pointer(self.backend, ns, name)
+        creating = any(isinstance(r, AssertCreate) for r in change.requirements)
+        if found is None and not creating:
+            await self.load_namespace(ns)
+            raise no_table((*ns, name))
+        if found is not None and found.kind != TABLE:
+            raise name_taken((*ns, name), found.kind, TABLE)
+        if found is None:
+            await self.load_namespace(ns)
+            return None, None
+        return found.metadata_location, await self._read(found.metadata_location)
 
     async def _keep_for_reads(self, base: TableMetadata, removed: set[int], ts: int,
                               ident: tuple[str, ...]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -84,11 +85,13 @@ def test_a_key_is_a_uuid_in_its_canonical_form():
 
 
 def test_a_fingerprint_tells_method_path_and_body_apart():
-    prints = {idempotency.fingerprint(m, p, b) for m, p, b in (
-        ("POST", "/v1/a", b"{}"), ("DELETE", "/v1/a", b"{}"), ("POST", "/v1/b", b"{}"),
-        ("POST", "/v1/a", b"{ }"), ("POST", "/v1/a{}", b""), ("POST", "/v1/", b"a{}"))}
-    assert len(prints) == 6
-    assert idempotency.fingerprint("POST", "/v1/a", b"{}") in prints
+    prints = {idempotency.fingerprint(m, p, q, b) for m, p, q, b in (
+        ("POST", "/v1/a", "", b"{}"), ("DELETE", "/v1/a", "", b"{}"),
+        ("POST", "/v1/b", "", b"{}"), ("POST", "/v1/a", "", b"{ }"),
+        ("POST", "/v1/a{}", "", b""), ("POST", "/v1/", "", b"a{}"),
+        ("DELETE", "/v1/a", "purgeRequested=true", b""), ("DELETE", "/v1/a", "", b""))}
+    assert len(prints) == 8
+    assert idempotency.fingerprint("POST", "/v1/a", "", b"{}") in prints
 
 
 def test_the_lifetime_is_advertised_as_an_iso_8601_duration():
@@ -172,6 +175,18 @@ def test_a_key_reused_for_another_request_is_refused(served):
         assert "send a new key" in answer["error"]["message"]
     assert _commits(served) == before
     assert call("GET", served + "/v1/namespaces/other")[0] == 404
+
+
+@pytest.mark.served
+def test_a_key_reused_with_another_query_is_refused(served):
+    """Before: the query was not in the fingerprint, so a drop with purgeRequested=true
+    replayed the earlier drop's 204 and never purged."""
+    key = _key()
+    assert call("DELETE", served + TABLE + "?purgeRequested=false", headers=_keyed(key)) == \
+        (204, None)
+    status, answer = call("DELETE", served + TABLE + "?purgeRequested=true",
+                          headers=_keyed(key))
+    assert (status, answer["error"]["type"]) == (422, "UnprocessableEntityException")
 
 
 @pytest.mark.served
@@ -291,3 +306,64 @@ def test_two_replicas_answer_one_key_once(pg, tmp_path):
                     range(8)))
             assert all(x == answers[0] for x in answers) and answers[0][0] == 200, answers
         assert _commits(a.url) == before + 5
+
+
+@pytest.mark.pg
+@pytest.mark.served
+def test_copies_on_two_replicas_that_fail_on_what_the_other_landed_get_its_answer(pg, tmp_path):
+    """Before: the copy that lost the race failed on the name or requirement the winner's
+    change took (409, 404), not on the key, and its refusal became the key's answer, over the
+    landed one: a client told "already exists" or "refresh and apply again" for its own
+    change."""
+    url = f"{pg.url()}?schema=idem_{uuid.uuid4().hex[:8]}"
+    asyncio.run(tsoracle.init(url, timelines=["EpochMilliseconds"]))
+    with _running(url, tmp_path / "w") as a, _running(url, tmp_path / "w") as b:
+        assert call("POST", a.url + "/v1/namespaces", {"namespace": ["db"]})[0] == 200
+        wrong = []
+        for i in range(12):
+            tables = "/v1/namespaces/db/tables"
+            assert call("POST", a.url + tables, {"name": f"t{i}", "schema": SCHEMA})[0] == 200
+            schema = {**SCHEMA, "schema-id": 1, "fields": [
+                *SCHEMA["fields"], {"id": 2, "name": "x", "type": "long", "required": False}]}
+            for method, path, body in (
+                    ("POST", "/v1/namespaces", {"namespace": [f"n{i}"]}),
+                    ("POST", f"{tables}/t{i}", {
+                        "requirements": [{"type": "assert-current-schema-id",
+                                          "current-schema-id": 0}],
+                        "updates": [{"action": "add-schema", "schema": schema},
+                                    {"action": "set-current-schema", "schema-id": -1}]}),
+                    ("DELETE", f"{tables}/t{i}", None)):
+                key, start = _key(), threading.Barrier(2)
+
+                def send(base: str, method=method, path=path, body=body, key=key,
+                         start=start) -> tuple[int, Any]:
+                    start.wait()
+                    return call(method, base + path, body, headers=_keyed(key))
+
+                with ThreadPoolExecutor(2) as pool:
+                    answers = list(pool.map(send, (a.url, b.url)))
+                again = call(method, a.url + path, body, headers=_keyed(key))
+                if {x[0] for x in [*answers, again]} - {200, 204}:
+                    wrong.append((path, [x[0] for x in answers], again[0]))
+        assert not wrong, wrong
+
+
+@pytest.mark.pg
+@pytest.mark.served
+def test_a_keyed_namespace_change_whose_commit_reply_was_lost_answers_as_landed(pg, tmp_path):
+    """Before: the database layer ran the create again after its COMMIT reply was lost; the
+    namespace was there (the first run landed), so the answer was 409, recorded over the
+    landed key. Now the landed key's answer is given."""
+    from tests.test_catalog_faults import lossy
+
+    with lossy(pg, tmp_path) as (relay, [running]):
+        for i, (method, path, body) in enumerate((
+                ("POST", "/v1/namespaces", {"namespace": ["lost"]}),
+                ("POST", "/v1/namespaces/lost/properties", {"updates": {"a": "1"}}),
+                ("DELETE", "/v1/namespaces/lost", None))):
+            key = _key()
+            relay.arm(1)
+            first = call(method, running.url + path, body, headers=_keyed(key))
+            assert relay.lost == i + 1
+            assert first[0] in (200, 204), (path, first)
+            assert call(method, running.url + path, body, headers=_keyed(key)) == first

@@ -143,7 +143,7 @@ def _guarded(endpoint: Callable[..., Any], token: str | None, route: str) -> Han
             response = _error(exc)
         except Refused as exc:  # this request's data, refused by the database: its own error
             response = _error(Contended("a concurrent change took a name this request "
-                                           "adds; load it and try again")
+                                        "adds; load it and try again")
                               if exc.kind == "duplicate" else
                               BadRequest("the catalog's database refused this request's data; "
                                          "shorten or correct its names and properties"))
@@ -202,7 +202,8 @@ class _Api:
             key = idempotency.parse_key(header)
             raw = await self._raw(request) if request.method == "POST" else b""
             mark = idempotency.Mark(
-                key, idempotency.fingerprint(request.method, request.url.path, raw),
+                key, idempotency.fingerprint(request.method, request.url.path,
+                                             request.url.query, raw),
                 wall_clock_ms() - (self.key_lifetime_s + idempotency.GRACE_S) * 1000)
             async with self.in_flight.one(key):
                 replay = await self._replay(request, route, mark)
@@ -229,15 +230,27 @@ class _Api:
             response, error = _error(exc), exc
         finally:
             idempotency.CURRENT.reset(token)
-        if idempotency.final(response.status_code, error):
-            try:
-                await state.answer_key(self.catalog.backend, mark.key, mark.fingerprint,
-                                       response.status_code, bytes(response.body).decode(),
-                                       wall_clock_ms(), mark.expired_ms)
-            except OracleError as exc:  # the answer still goes out; a replay rebuilds it
-                log.warning("recording an Idempotency-Key's answer failed: %s",
-                            exc.__class__.__name__)
-        return response
+        if not idempotency.final(response.status_code, error):
+            return response
+        if error is None:
+            await self._record(mark, response)
+            return response
+        # A refusal may be a copy of this request failing on what another copy landed (its
+        # name now taken, its table moved): that copy's answer, if one landed, else this one.
+        await self._record(mark, response, refusal=True)
+        return await self._replay(request, route, mark) or response
+
+    async def _record(self, mark: idempotency.Mark, response: Response,
+                      refusal: bool = False) -> None:
+        body = bytes(response.body)
+        try:
+            await state.answer_key(self.catalog.backend, mark.key, mark.fingerprint,
+                                   response.status_code,
+                                   body.decode() if len(body) <= idempotency.MAX_KEPT_BODY
+                                   else None, wall_clock_ms(), mark.expired_ms, refusal)
+        except OracleError as exc:  # the answer still goes out; a replay rebuilds it
+            log.warning("recording an Idempotency-Key's answer failed: %s",
+                        exc.__class__.__name__)
 
     async def _replay(self, request: Request, route: str, mark: idempotency.Mark
                       ) -> Response | None:
@@ -248,11 +261,11 @@ class _Api:
         stored = idempotency.Stored(*found)
         idempotency.check(stored, mark)
         status, body = stored.status, stored.body
-        if status is None:  # it landed, and its answer was lost with its server
-            return await self._rebuilt(request, route)
         if status == 204:
             return Response(status_code=204)
-        return Response(body or "", status_code=status, media_type="application/json")
+        if status is None or body is None:  # its answer lost with its server, or too big
+            return await self._rebuilt(request, route)
+        return Response(body, status_code=status, media_type="application/json")
 
     async def _rebuilt(self, request: Request, route: str) -> Response:
         """The answer of a request that landed without its answer recorded: 204, or the

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import re
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
@@ -27,6 +28,9 @@ DEFAULT_LIFETIME_S = 1800  # what /v1/config advertises: the spec's own example,
 # Rows are kept this much longer than advertised: a retry sent just inside the lifetime, from
 # a client whose clock runs behind the catalog's, still finds its row.
 GRACE_S = 300
+# A bigger answer (a table with a long history) is not kept: a replay rebuilds it from what
+# landed (the spec allows a replay to show a newer state), so the rows stay small.
+MAX_KEPT_BODY = 64 * 1024
 MAX_LIFETIME_S = 7 * 86400  # rows are kept that long at most (a long lifetime is a big table)
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -77,12 +81,18 @@ def parse_key(header: str) -> str:
     return key
 
 
-def fingerprint(method: str, path: str, body: bytes) -> str:
+def fingerprint(method: str, path: str, query: str, body: bytes) -> str:
+    """What a key's request asked, as one hash: a key reused for anything else is refused."""
     digest = hashlib.sha256()
-    for part in (method.encode(), path.encode(), body):
+    for part in (method.encode(), path.encode(), query.encode(), body):
         digest.update(len(part).to_bytes(8, "big"))  # no two requests share a serialisation
         digest.update(part)
     return digest.hexdigest()
+
+
+def as_json(answer: object) -> str:
+    """`answer` as the catalog's JSON responses render it, so that a replay is byte-equal."""
+    return json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def lifetime_text(seconds: int) -> str:
@@ -135,7 +145,7 @@ class InFlight:
 
     @contextlib.asynccontextmanager
     async def one(self, key: str) -> AsyncIterator[None]:
-        lock, waiting = self._locks.get(key, (asyncio.Lock(), 0))
+        lock, waiting = self._locks[key] if key in self._locks else (asyncio.Lock(), 0)
         self._locks[key] = (lock, waiting + 1)
         try:
             async with lock:

@@ -179,7 +179,8 @@ class Ordering:
                         w.fail(CommitStateUnknown(
                             f"the catalog failed unexpectedly ({exc.__class__.__name__}) "
                             "around this commit; load the table to see whether it landed "
-                            "before retrying, or retry with the same Idempotency-Key"))
+                            "before retrying (or send it again with its Idempotency-Key, if "
+                            "it had one)"))
         finally:
             self._flusher = None
 
@@ -317,7 +318,7 @@ class Ordering:
                 w.fail(CommitStateUnknown(
                     f"the catalog's database did not confirm the commit ("
                     f"{exc.__class__.__name__}); load the table to see whether it landed "
-                    "before retrying, or retry with the same Idempotency-Key"))
+                    "before retrying (or send it again with its Idempotency-Key, if it had one)"))
             return None
         landed = []
         for i, (w, plan) in enumerate(members):

@@ -176,7 +176,7 @@ class Catalog:
             await state.set_namespace_properties(tx, ns, merged)
             result = {"removed": removed, "updated": list(updates), "missing": missing}
             # Its answer with its key: it cannot be told again from the namespace afterwards.
-            await idempotency.record(tx, answer=(200, json.dumps(result)))
+            await idempotency.record(tx, answer=(200, idempotency.as_json(result)))
             return result
 
         return await self.backend.transaction(body)

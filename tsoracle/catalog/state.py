@@ -358,17 +358,19 @@ async def record_key(tx: Tx, key: str, fingerprint: str, now_ms: int, expired_ms
     return bool(rows)
 
 
-async def answer_key(db: Backend | Tx, key: str, fingerprint: str, status: int, body: str,
-                     now_ms: int, expired_ms: int) -> None:
-    """Record `key`'s final answer: on its own row, or on a new one (a refusal landed nothing,
-    so it left none), over a row older than `expired_ms`."""
+async def answer_key(db: Backend | Tx, key: str, fingerprint: str, status: int,
+                     body: str | None, now_ms: int, expired_ms: int, refusal: bool) -> None:
+    """Record `key`'s final answer (`body` None: too big to keep). A success goes on the row
+    its change landed with; a refusal, which landed nothing, on a row of its own, never over
+    a live one (a copy of the request may have landed). A row older than `expired_ms` is
+    replaced."""
+    own = "" if refusal else " (k.status IS NULL AND k.fingerprint = excluded.fingerprint) OR"
     await db.fetch("INSERT INTO {iceberg_idempotency} AS k (key, fingerprint, status, body,"
                    " at_ms) VALUES (%(k)s, %(f)s, %(s)s, %(b)s, %(at)s) ON CONFLICT (key)"
                    " DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,"
                    " body = excluded.body, at_ms = CASE WHEN k.at_ms < %(old)s"
                    " THEN excluded.at_ms ELSE k.at_ms END"
-                   " WHERE (k.status IS NULL AND k.fingerprint = excluded.fingerprint)"
-                   " OR k.at_ms < %(old)s",
+                   " WHERE" + own + " k.at_ms < %(old)s",
                    {"k": key, "f": fingerprint, "s": status, "b": body, "at": now_ms,
                     "old": expired_ms})
 
@@ -385,6 +387,7 @@ async def stored_key(db: Backend | Tx, key: str, since_ms: int
 
 
 async def prune_keys(backend: Backend, before_ms: int) -> None:
+    """Forget Idempotency-Keys recorded before `before_ms` (their lifetime and grace over)."""
     await backend.fetch("DELETE FROM {iceberg_idempotency} WHERE at_ms < %(c)s",
                         {"c": before_ms})
 

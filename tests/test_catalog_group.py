@@ -14,7 +14,7 @@ from pyiceberg.types import LongType, NestedField
 
 import tsoracle
 from tsoracle.catalog import state
-from tsoracle.catalog.errors import CommitFailed, CommitStateUnknown
+from tsoracle.catalog.errors import CommitFailed, CommitStateUnknown, NoSuchTable
 from tsoracle.catalog.metadata import Warehouse
 from tsoracle.catalog.ordering import Ordering, Plan
 from tsoracle.catalog.service import Catalog, Change
@@ -96,6 +96,25 @@ async def test_commits_to_one_table_share_a_group_in_arrival_order(url, tmp_path
         assert set(table.metadata.properties) == {f"k{i}" for i in range(8) if i != 4}
         logged = [e.metadata_file for e in table.metadata.metadata_log]
         assert logged[-6:] == files[:-1]  # in arrival order
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()
+
+
+async def test_commits_behind_a_drop_of_their_table_wait_for_the_next_group(url, tmp_path):
+    """A drop queued before two commits to its table: the commits are not built on anything
+    the drop leaves; they go to the next group and find no table there (404)."""
+    catalog = await _catalog(url, tmp_path / "wh")
+    try:
+        await _tables(catalog, 2)
+        done = await asyncio.gather(catalog.drop_table(("db",), "t0", False),
+                                    catalog.commit([_set("t0", "1")]),
+                                    catalog.commit([_set("t0", "2")]),
+                                    catalog.commit([_set("t1", "3")]), return_exceptions=True)
+        assert done[0] is None
+        assert [type(d) for d in done[1:3]] == [NoSuchTable, NoSuchTable], done
+        assert done[3][0].metadata.properties["k"] == "3"
+        assert await catalog.table_exists(("db",), "t0") is False
     finally:
         await catalog.ordering.close()
         await catalog.backend.close()

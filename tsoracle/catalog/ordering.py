@@ -222,23 +222,26 @@ class Ordering:
                                      return_exceptions=True)
         members: list[tuple[_Waiting, Plan[Any]]] = []
         touched: dict[tuple[Any, ...], Plan[Any]] = {}  # each name: the last plan changing it
+        later: list[_Waiting] = []  # for the next group, in arrival order
         for w, plan in [*zip(now, built, strict=True), *((w, None) for w in chained)]:
+            on = {k: touched[k].after[k] for k in w.tables if k in touched
+                  and k in touched[k].after} if plan is None else {}
+            if plan is None and any(k in touched and k not in on for k in w.tables):
+                later.append(w)  # dropped or renamed in this group: the next one
+                continue
             if plan is None:  # chained: built now, on the metadata its predecessors leave
-                if any(k in touched and k not in touched[k].after for k in w.tables):
-                    self._queue.insert(0, w)  # dropped or renamed in this group: the next
-                    continue
-                plan = await self._build_on(w, ts, {k: touched[k].after[k]
-                                                    for k in w.tables if k in touched})
+                plan = await self._build_on(w, ts, on)
             if isinstance(plan, BaseException):
                 w.fail(plan)
-            elif any(k in touched and k not in w.tables for k in plan.keys()):
+            elif any(k in touched and k not in on for k in plan.keys()):
                 # A name twice, unforeseen (a create beside a drop): the next group.
                 await self._cleanup(plan.written)
-                self._queue.insert(0, w)
+                later.append(w)
             else:
                 touched.update(dict.fromkeys(plan.keys(), plan))
                 plan.mark = w.mark
                 members.append((w, plan))
+        self._queue[:0] = later
         return members
 
     @staticmethod

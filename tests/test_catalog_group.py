@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 from pyiceberg.schema import Schema
-from pyiceberg.table.update import AssertCurrentSchemaId, SetPropertiesUpdate
+from pyiceberg.table.update import (
+    AddSchemaUpdate,
+    AssertCurrentSchemaId,
+    SetCurrentSchemaUpdate,
+    SetLocationUpdate,
+    SetPropertiesUpdate,
+)
 from pyiceberg.types import LongType, NestedField
 
 import tsoracle
 from tsoracle.catalog import state
-from tsoracle.catalog.errors import CommitFailed, CommitStateUnknown, NoSuchTable
+from tsoracle.catalog.errors import BadRequest, CommitFailed, CommitStateUnknown, NoSuchTable
 from tsoracle.catalog.metadata import Warehouse
 from tsoracle.catalog.ordering import Ordering, Plan
 from tsoracle.catalog.service import Catalog, Change
@@ -96,6 +102,33 @@ async def test_commits_to_one_table_share_a_group_in_arrival_order(url, tmp_path
         assert set(table.metadata.properties) == {f"k{i}" for i in range(8) if i != 4}
         logged = [e.metadata_file for e in table.metadata.metadata_log]
         assert logged[-6:] == files[:-1]  # in arrival order
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()
+
+
+async def test_a_refusal_on_what_an_earlier_member_leaves_stands_only_if_it_landed(url,
+                                                                                 tmp_path):
+    """Before: the second commit was checked on the first's new schema and refused (409,
+    "found 1") though the first never landed (its new location is another table's folder):
+    refused on a state the table never had. Now it is tried again, and lands."""
+    catalog = await _catalog(url, tmp_path / "wh")
+    try:
+        await _tables(catalog, 2)
+        taken = (await catalog.load_table(("db",), "t1")).metadata.location
+        wider = Schema(NestedField(1, "id", LongType(), required=False),
+                       NestedField(2, "x", LongType(), required=False), schema_id=1)
+        moves = Change(("db",), "t0", (), (AddSchemaUpdate(schema_=wider, last_column_id=2),
+                                           SetCurrentSchemaUpdate(schema_id=-1),
+                                           SetLocationUpdate(location=taken)))
+        keeps = Change(("db",), "t0", (AssertCurrentSchemaId(current_schema_id=0),),
+                       (SetPropertiesUpdate(updates={"k": "v"}),))
+        done = await asyncio.gather(catalog.commit([moves]), catalog.commit([keeps]),
+                                    return_exceptions=True)
+        assert isinstance(done[0], BadRequest) and "overlaps" in str(done[0]), done[0]
+        assert not isinstance(done[1], BaseException), done[1]
+        table = await catalog.load_table(("db",), "t0")
+        assert (table.metadata.current_schema_id, table.metadata.properties.get("k")) == (0, "v")
     finally:
         await catalog.ordering.close()
         await catalog.backend.close()

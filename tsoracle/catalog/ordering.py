@@ -191,11 +191,17 @@ class Ordering:
             for w in group:
                 w.fail(exc)
             return
-        members = await self._build(group, ts)
-        if not members:
-            return
-        landed = await self._land_group(members, ts)
-        if landed is None:
+        built = await self._build(group, ts)
+        landed = await self._land_group(built.members, ts) if built.members else None
+        self._queue[:0] = built.later
+        landed_ids = {id(w) for w, _ in landed or ()}
+        for w, refusal, on in built.held:
+            # Refused on what earlier members leave: true only if they all landed.
+            if on <= landed_ids:
+                w.fail(refusal)
+            else:
+                w.retry()
+        if not landed:
             return
         try:
             await self._oracle_call(lambda: self.oracle.apply_write(ts))
@@ -209,9 +215,10 @@ class Ordering:
             w.succeed(plan.result)
         self._prune_soon()
 
-    async def _build(self, group: list[_Waiting], ts: int) -> list[tuple[_Waiting, Plan[Any]]]:
-        """The group's plans at `ts`: built at once, except that a commit to a table an
-        earlier member of the group changes is built after it, on its metadata."""
+    async def _build(self, group: list[_Waiting], ts: int) -> _Built:
+        """The group's plans at `ts`: built at once, except that a table commit to a table
+        an earlier table commit of the group changes is built after the others, on the
+        metadata the last of those leaves."""
         now: list[_Waiting] = []
         chained: list[_Waiting] = []
         claimed: set[tuple[Any, ...]] = set()
@@ -220,29 +227,30 @@ class Ordering:
             claimed |= w.tables
         built = await asyncio.gather(*(w.build(ts, w.attempt) for w in now),
                                      return_exceptions=True)
-        members: list[tuple[_Waiting, Plan[Any]]] = []
-        touched: dict[tuple[Any, ...], Plan[Any]] = {}  # each name: the last plan changing it
-        later: list[_Waiting] = []  # for the next group, in arrival order
+        out = _Built()
+        touched: dict[tuple[Any, ...], tuple[_Waiting, Plan[Any]]] = {}  # the last to change
         for w, plan in [*zip(now, built, strict=True), *((w, None) for w in chained)]:
-            on = {k: touched[k].after[k] for k in w.tables if k in touched
-                  and k in touched[k].after} if plan is None else {}
-            if plan is None and any(k in touched and k not in on for k in w.tables):
-                later.append(w)  # dropped or renamed in this group: the next one
-                continue
+            on: dict[tuple[Any, ...], tuple[_Waiting, Plan[Any]]] | None = None
             if plan is None:  # chained: built now, on the metadata its predecessors leave
-                plan = await self._build_on(w, ts, on)
+                on = {k: touched[k] for k in w.tables if k in touched}
+                if any(k not in p.after for k, (_, p) in on.items()):
+                    out.later.append(w)  # dropped or renamed in this group: the next one
+                    continue
+                plan = await self._build_on(w, ts, {k: p.after[k] for k, (_, p) in on.items()})
             if isinstance(plan, BaseException):
-                w.fail(plan)
-            elif any(k in touched and k not in on for k in plan.keys()):
+                if on:
+                    out.held.append((w, plan, {id(v) for v, _ in on.values()}))
+                else:
+                    w.fail(plan)
+            elif any(k in touched and k not in (on or {}) for k in plan.keys()):
                 # A name twice, unforeseen (a create beside a drop): the next group.
                 await self._cleanup(plan.written)
-                later.append(w)
+                out.later.append(w)
             else:
-                touched.update(dict.fromkeys(plan.keys(), plan))
+                touched.update(dict.fromkeys(plan.keys(), (w, plan)))
                 plan.mark = w.mark
-                members.append((w, plan))
-        self._queue[:0] = later
-        return members
+                out.members.append((w, plan))
+        return out
 
     @staticmethod
     async def _build_on(w: _Waiting, ts: int, bases: dict[tuple[Any, ...], tuple[str, Any]]
@@ -250,7 +258,7 @@ class Ordering:
         token = BASES.set(bases)
         try:
             return await w.build(ts, w.attempt)
-        except Exception as exc:
+        except Exception as exc:  # the flusher's own cancellation goes on up
             return exc
         finally:
             BASES.reset(token)
@@ -419,6 +427,17 @@ def _refused_alone(exc: Exception) -> bool | CatalogError:
                           "shorten or correct the names and properties it sends")
     assert isinstance(exc, CatalogError)
     return exc
+
+
+@dataclass
+class _Built:
+    """A group's plans: the members that land together, the ones refused on metadata earlier
+    members leave (each with the ids of those members: the refusal stands only if they all
+    land), and the ones for the next group."""
+
+    members: list[tuple[_Waiting, Plan[Any]]] = field(default_factory=list)
+    held: list[tuple[_Waiting, BaseException, set[int]]] = field(default_factory=list)
+    later: list[_Waiting] = field(default_factory=list)
 
 
 @dataclass

@@ -399,11 +399,13 @@ def _answers(url: str) -> bool:
 @contextlib.contextmanager
 def reference_server(warehouse_dir: Path, *, log_path: Path | None = None,
                      timeout: float = SERVER_START_TIMEOUT,
-                     jdbc_uri: str | None = None) -> Iterator[str]:
+                     jdbc_uri: str | None = None,
+                     extra_env: dict[str, str] | None = None) -> Iterator[str]:
     """Iceberg's reference REST catalog (`RESTCatalogServer`: a JDBC catalog on in-memory SQLite,
     HadoopFileIO) on a free port, with tables under `warehouse_dir`; yields its URL.
     `jdbc_uri` puts its JDBC catalog elsewhere (e.g. `jdbc:sqlite:file:/path/catalog.db`: the
-    in-memory database fails requests now and then under concurrent writers).
+    in-memory database fails requests now and then under concurrent writers); `extra_env`,
+    more of its CATALOG_* settings (CATALOG_JDBC_USER, CATALOG_JDBC_PASSWORD).
 
     Iceberg (1.10, 1.11) reads its settings from CATALOG_* variables only (CATALOG_REST_PORT is
     `rest.port`; a -Drest.port system property is ignored). Jetty listens on every interface.
@@ -420,7 +422,8 @@ def reference_server(warehouse_dir: Path, *, log_path: Path | None = None,
             url = f"http://127.0.0.1:{port}"
             env = _java_env({"CATALOG_REST_PORT": str(port),
                              "CATALOG_WAREHOUSE": warehouse.as_uri(),
-                             **({"CATALOG_URI": jdbc_uri} if jdbc_uri else {})})
+                             **({"CATALOG_URI": jdbc_uri} if jdbc_uri else {}),
+                             **(extra_env or {})})
             with open(log_path, "w") as out:
                 proc = subprocess.Popen([java, "-cp", f"{jars}/*", SERVER_CLASS], env=env,
                                         stdout=out, stderr=subprocess.STDOUT,

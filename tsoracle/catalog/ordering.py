@@ -288,14 +288,19 @@ class Ordering:
             for i, (_, plan) in enumerate(members):
                 # Each plan in a savepoint of its own: one whose table moved, or that the
                 # database refuses (its data, a name a concurrent change took), lands nothing
-                # and the others land, at once, without a retry of the whole group.
-                await tx.fetch("SAVEPOINT tsoracle_plan")
+                # and the others land, at once, without a retry of the whole group. A plan
+                # alone needs none (two round trips fewer): its failure rolls all back.
+                alone = len(members) == 1
+                if not alone:
+                    await tx.fetch("SAVEPOINT tsoracle_plan")
                 try:
                     await _apply(tx, plan)
-                    await tx.fetch("RELEASE SAVEPOINT tsoracle_plan")
+                    if not alone:
+                        await tx.fetch("RELEASE SAVEPOINT tsoracle_plan")
                     result[i] = True
                 except (state.Moved, Refused, CatalogError) as exc:
-                    await tx.fetch("ROLLBACK TO SAVEPOINT tsoracle_plan")
+                    if not alone:
+                        await tx.fetch("ROLLBACK TO SAVEPOINT tsoracle_plan")
                     result[i] = _refused_alone(exc)
             if not any(v is True for v in result.values()):
                 raise _NothingLanded(result)

@@ -1,0 +1,119 @@
+"""Database statements per catalog commit, counted by PostgreSQL's pg_stat_statements.
+
+Every statement the catalog sends is a round trip (psycopg waits for each reply), BEGIN,
+SAVEPOINT and COMMIT included; the oracle's `write_ts` and `apply_write` are counted with
+them. Two shapes: property commits one after another (each its own group), and `--writers`
+clients committing to one table at once (commits that queue together share a group).
+
+    python bench/catalog_round_trips.py --commits 200 --writers 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+SCHEMA = {"type": "struct", "schema-id": 0,
+          "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+
+
+def call(base: str, method: str, path: str, body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(base + path, data=data, method=method)
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        text = reply.read()
+        return json.loads(text) if text else None
+
+
+def commit(base: str, value: str) -> int:
+    """One property commit; returns its W (the metadata's last-updated-ms)."""
+    body = call(base, "POST", "/v1/namespaces/rt/tables/t", {
+        "updates": [{"action": "set-properties", "updates": {"k": value}}]})
+    return int(body["metadata"]["last-updated-ms"])
+
+
+def statements(pg: Any) -> dict[str, int]:
+    """Calls per statement (normalised text) since the last reset, the stats' own left out."""
+    rows = pg.sql("SELECT query, calls FROM pg_stat_statements"
+                  " WHERE query NOT LIKE '%pg_stat_statements%'")
+    return {str(q): int(c) for q, c in rows}
+
+
+def measure(pg: Any, work: Path, commits: int, writers: int) -> dict[str, Any]:
+    import tsoracle
+    from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
+
+    url = f"{pg.url()}?schema=round_trips"
+    asyncio.run(tsoracle.init(url))
+    report: dict[str, Any] = {}
+    with RunningCatalog(CatalogConfig(url=url, warehouse=str(work / "wh"), port=0)) as cat:
+        call(cat.url, "POST", "/v1/namespaces", {"namespace": ["rt"]})
+        call(cat.url, "POST", "/v1/namespaces/rt/tables", {"name": "t", "schema": SCHEMA})
+        for i in range(20):  # warm: the pools' connections, prepared statements
+            commit(cat.url, f"w{i}")
+        pg.sql("SELECT pg_stat_statements_reset()")
+        stamps = {commit(cat.url, str(i)) for i in range(commits)}
+        report["sequential"] = summary(statements(pg), commits, len(stamps))
+        pg.sql("SELECT pg_stat_statements_reset()")
+        seen: set[int] = set()
+        lock = threading.Lock()
+
+        def writer(w: int) -> None:
+            for i in range(commits // writers):
+                ts = commit(cat.url, f"{w}.{i}")
+                with lock:
+                    seen.add(ts)
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        report[f"{writers} writers, one table"] = summary(
+            statements(pg), commits // writers * writers, len(seen))
+    return report
+
+
+def summary(counts: dict[str, int], commits: int, groups: int) -> dict[str, Any]:
+    total = sum(counts.values())
+    top = sorted(counts.items(), key=lambda kv: -kv[1])
+    return {"commits": commits, "groups": groups, "statements": total,
+            "per_commit": round(total / commits, 2), "per_group": round(total / groups, 2),
+            "by_statement": {q[:90]: round(c / groups, 2) for q, c in top}}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--commits", type=int, default=200, help="commits per shape")
+    p.add_argument("--writers", type=int, default=8, help="clients on one table at once")
+    p.add_argument("--json", help="write the report here")
+    a = p.parse_args()
+    from tsoracle_dev.localpg import LocalPostgres
+
+    with tempfile.TemporaryDirectory(prefix="round-trips-") as tmp:
+        pg = LocalPostgres(Path(tmp) / "pg")
+        try:
+            pg.start()
+            report = measure(pg, Path(tmp), a.commits, a.writers)
+        finally:
+            pg.destroy()
+    for shape, r in report.items():
+        print(f"{shape}: {r['commits']} commits in {r['groups']} groups, "
+              f"{r['per_commit']} statements per commit, {r['per_group']} per group")
+        for query, calls in r["by_statement"].items():
+            print(f"    {calls:6.2f} per group  {query}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

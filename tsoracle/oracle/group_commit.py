@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Generic, Protocol, TypeVar
 
-from tsoracle.errors import OracleClosed, OracleError
+from tsoracle.errors import OracleError
 from tsoracle.oracle.api import WriteTimestamp
-
-log = logging.getLogger(__name__)
 
 P = TypeVar("P")
 
@@ -68,17 +65,11 @@ class GroupCommitter(Generic[P]):
     timestamp. If the append fails, nobody in the group gets a timestamp and nothing is
     applied. If `apply_write` fails after the append (fenced: a flip or a newer legacy leader),
     the callers get that error, but the appended rows stay at their timestamp and become
-    visible once any later write above it is applied (`abandon`, if given, is told first). An
-    append that raises `Conflict` is retried at a fresh timestamp. A group stopped by a
+    visible once any later write above it is applied. An append that raises `Conflict` is
+    retried at a fresh timestamp. A group stopped by a
     cancellation instead (an append that awaited a cancelled task, or the committer's own
     task cancelled) fails its callers with `CommitInterrupted`, which says how far it got;
     later groups are served as usual.
-
-    With `durable_appends`, the append itself makes the group visible (the Spark tables'
-    catalog does: its readers never read past its upper), so once it returned the group gets
-    its timestamp even if `apply_write` then fails: failing the callers would make them retry
-    and write their rows twice. The apply is retried in the background until it succeeds;
-    `idle()` waits for those retries.
     """
 
     def __init__(
@@ -89,8 +80,6 @@ class GroupCommitter(Generic[P]):
         max_group: int = 10_000,
         max_conflicts: int = 50,
         on_group: Callable[[int], None] | None = None,
-        durable_appends: bool = False,
-        abandon: Callable[[list[P]], Awaitable[None]] | None = None,
     ) -> None:
         self.oracle = oracle
         self._append = append
@@ -99,9 +88,6 @@ class GroupCommitter(Generic[P]):
         self._on_group = on_group
         self._queue: list[tuple[P, asyncio.Future[int]]] = []
         self._worker: asyncio.Task[None] | None = None
-        self._durable = durable_appends
-        self._abandon = abandon  # told when a group fails for good (after its retries)
-        self._applying: set[asyncio.Task[None]] = set()
         # Where the group in flight is, for the error of a group stopped by a cancellation.
         self._stage = "write_ts"
         self._stage_ts: int | None = None
@@ -129,11 +115,10 @@ class GroupCommitter(Generic[P]):
                         raise  # this task was cancelled: `finally` answers everyone waiting
                     # A cancellation from below (the append awaited a cancelled task) stops
                     # this group only: its callers get an outcome, the worker goes on.
-                    await self._fail(group, payloads,
-                                     CommitInterrupted.at(self._stage, self._stage_ts))
+                    self._fail(group, CommitInterrupted.at(self._stage, self._stage_ts))
                     continue
                 except Exception as exc:
-                    await self._fail(group, payloads, exc)
+                    self._fail(group, exc)
                     continue
                 for _, fut in group:
                     if not fut.done():
@@ -149,13 +134,8 @@ class GroupCommitter(Generic[P]):
                 if not fut.done():
                     fut.set_exception(CommitInterrupted.at("queued", None))
 
-    async def _fail(self, group: list[tuple[P, asyncio.Future[int]]], payloads: list[P],
-                    exc: Exception) -> None:
-        if self._abandon is not None:
-            try:
-                await self._abandon(payloads)
-            except Exception:  # noqa: BLE001 (cleanup only; the callers get `exc`)
-                log.warning("cleanup after a failed group commit failed", exc_info=True)
+    @staticmethod
+    def _fail(group: list[tuple[P, asyncio.Future[int]]], exc: Exception) -> None:
         for _, fut in group:
             if not fut.done():
                 fut.set_exception(exc)
@@ -170,40 +150,9 @@ class GroupCommitter(Generic[P]):
             except Conflict:
                 continue  # another writer committed above ts first: take a fresh timestamp
             self._stage = "apply"
-            await self.apply(ts)
+            await self.oracle.apply_write(ts)
             return ts
         raise Conflict(f"gave up after {self._max_conflicts} conflicting commits")
-
-    async def apply(self, ts: int) -> None:
-        """`apply_write(ts)`; with durable appends a failure is retried in the background."""
-        if not self._durable:
-            await self.oracle.apply_write(ts)
-            return
-        try:
-            await self.oracle.apply_write(ts)
-        except OracleError as exc:
-            log.warning("apply_write(%d) failed after a durable commit (%s); retrying in the "
-                        "background", ts, type(exc).__name__)
-            task = asyncio.get_running_loop().create_task(self._apply_until_done(ts))
-            self._applying.add(task)
-            task.add_done_callback(self._applying.discard)
-
-    async def _apply_until_done(self, ts: int) -> None:
-        delay = 0.1
-        while True:
-            await asyncio.sleep(delay)
-            try:
-                await self.oracle.apply_write(ts)
-                return
-            except OracleClosed:
-                return  # shutting down: the catalog already holds the commit
-            except OracleError:
-                delay = min(delay * 2, 5.0)
-
-    async def idle(self, timeout: float | None = None) -> None:
-        """Wait for background applies (at most `timeout` seconds)."""
-        if self._applying:
-            await asyncio.wait(set(self._applying), timeout=timeout)
 
 
 def _cancelling() -> bool:

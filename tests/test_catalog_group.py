@@ -23,6 +23,7 @@ from tsoracle.catalog import state
 from tsoracle.catalog.errors import BadRequest, CommitFailed, CommitStateUnknown, NoSuchTable
 from tsoracle.catalog.metadata import Warehouse
 from tsoracle.catalog.ordering import Ordering, Plan
+from tsoracle.catalog.outcome import Conflict, Landed
 from tsoracle.catalog.service import Catalog, Change
 from tsoracle.oracle.connect import open_instrumented_backend
 
@@ -164,7 +165,7 @@ async def test_a_member_whose_table_moved_lands_nothing_and_the_rest_land(url, t
         good = Plan("good", swaps=[state.Swap(("db",), "t1", t1.metadata_location, "y")])
         results = await asyncio.gather(catalog.ordering._attempt(_const(stale), 0),
                                        catalog.ordering._attempt(_const(good), 0))
-        assert results == [None, ("good",)]  # the stale one is told to try again
+        assert results == [Conflict("its table moved"), Landed("good")]  # try again, landed
         assert (await state.pointer(catalog.backend, ("db",), "t0")) == t0
         moved = await state.pointer(catalog.backend, ("db",), "t1")
         assert moved is not None and moved.metadata_location == "y"

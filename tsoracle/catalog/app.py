@@ -278,8 +278,10 @@ class _Api:
             return JSONResponse({"namespace": list(ns),
                                  "properties": await self.catalog.load_namespace(ns)})
         ns = _ns(request)
-        if route.endswith("/tables/{table}"):
-            return _loaded(await self.catalog.load_table(ns, _param(request, "table")))
+        if route.endswith("/tables/{table}"):  # a commit's answer, as `table` gives it
+            done = await self.catalog.load_table(ns, _param(request, "table"))
+            return JSONResponse({"metadata-location": done.metadata_location,
+                                 "metadata": _metadata(done)})
         if route.endswith("/views/{view}"):
             return _view(*await self.catalog.load_view(ns, _param(request, "view")))
         name = check_name(str(body.get("name", "")))

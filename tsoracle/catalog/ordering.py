@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -32,6 +33,7 @@ from tsoracle.catalog.errors import (
     location_taken,
 )
 from tsoracle.catalog.metrics import COMMITS, CONFLICTS, GROUP_SIZE, RETRIES
+from tsoracle.catalog.outcome import Conflict, Failed, Landed, Outcome, Unknown
 from tsoracle.errors import LeadershipLost, OracleError, Refused
 from tsoracle.fencing import read_deployment
 from tsoracle.oracle import open_oracle
@@ -144,18 +146,24 @@ class Ordering:
         the tables a commit of table changes changes, known before it is built; such commits
         to one table share a group, each built on the one before (`based_on`)."""
         for attempt in range(MAX_ATTEMPTS):
-            landed = await self._attempt(build, attempt, tables)
-            if landed is not None:
+            outcome = await self._attempt(build, attempt, tables)
+            if isinstance(outcome, Landed):
                 COMMITS.inc()
-                return cast(R, landed[0])
+                return cast(R, outcome.result)
+            if not isinstance(outcome, Conflict):
+                raise outcome.error
             RETRIES.inc()
+            log.debug("a commit lost a race (%s, attempt %d); again at a fresh timestamp",
+                      outcome.reason, attempt + 1)
+            # Jittered: commits that lost together do not all come back in the same group.
+            await asyncio.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** attempt)))
         raise Contended(f"the commit lost {MAX_ATTEMPTS} races for the catalog's timeline "
                         f"{self.timeline!r} in a row; try again")
 
     async def _attempt(self, build: Callable[[int, int], Awaitable[Plan[Any]]],
                        attempt: int, tables: frozenset[tuple[Any, ...]] = frozenset()
-                       ) -> tuple[Any] | None:
-        """One try in the next group: (result,) if it landed, None if it must try again."""
+                       ) -> Outcome:
+        """One try in the next group."""
         # The key is the request's: the group lands in the task of whichever came first.
         waiting = _Waiting(build, attempt, asyncio.get_running_loop().create_future(),
                            idempotency.CURRENT.get(), tables)
@@ -176,11 +184,11 @@ class Ordering:
                     # waiting forever. Whether their commits landed is not known here.
                     log.error("a commit group failed unexpectedly: %s", exc.__class__.__name__)
                     for w in group:
-                        w.fail(CommitStateUnknown(
+                        w.settle(Unknown(CommitStateUnknown(
                             f"the catalog failed unexpectedly ({exc.__class__.__name__}) "
                             "around this commit; load the table to see whether it landed "
                             "before retrying (or send it again with its Idempotency-Key, if "
-                            "it had one)"))
+                            "it had one)")))
         finally:
             self._flusher = None
 
@@ -189,7 +197,7 @@ class Ordering:
             ts = (await self._oracle_call(lambda: self.oracle.write_ts())).timestamp
         except CatalogError as exc:
             for w in group:
-                w.fail(exc)
+                w.settle(Failed(exc))
             return
         built = await self._build(group, ts)
         landed = await self._land_group(built.members, ts) if built.members else None
@@ -197,22 +205,20 @@ class Ordering:
         landed_ids = {id(w) for w, _ in landed or ()}
         for w, refusal, on in built.held:
             # Refused on what earlier members leave: true only if they all landed.
-            if on <= landed_ids:
-                w.fail(refusal)
-            else:
-                w.retry()
+            w.settle(Failed(refusal) if on <= landed_ids
+                     else Conflict("built on a commit that did not land"))
         if not landed:
             return
         try:
             await self._oracle_call(lambda: self.oracle.apply_write(ts))
         except CatalogError as exc:
             for w, _ in landed:
-                w.fail(CommitStateUnknown(
+                w.settle(Unknown(CommitStateUnknown(
                     f"the commit landed at {ts} but the oracle did not confirm it "
-                    f"({exc.message}); it becomes visible once the oracle is back"))
+                    f"({exc.message}); it becomes visible once the oracle is back")))
             return
         for w, plan in landed:
-            w.succeed(plan.result)
+            w.settle(Landed(plan.result))
         self._prune_soon()
 
     async def _build(self, group: list[_Waiting], ts: int) -> _Built:
@@ -241,7 +247,7 @@ class Ordering:
                 if on:
                     out.held.append((w, plan, {id(v) for v, _ in on.values()}))
                 else:
-                    w.fail(plan)
+                    w.settle(Failed(plan))
             elif any(k in touched and k not in (on or {}) for k in plan.keys()):
                 # A name twice, unforeseen (a create beside a drop): the next group.
                 await self._cleanup(plan.written)
@@ -315,7 +321,7 @@ class Ordering:
             for w, plan in members:
                 await self._cleanup(plan.written)
                 CONFLICTS.labels("superseded").inc()
-                w.retry()
+                w.settle(Conflict("its timestamp fell behind the upper"))
             return None
         except _NothingLanded as exc:
             for i, (w, plan) in enumerate(members):
@@ -325,16 +331,17 @@ class Ordering:
         except CatalogError as exc:
             for w, plan in members:
                 await self._cleanup(plan.written)
-                w.fail(exc)
+                w.settle(Failed(exc))
             return None
         except OracleError as exc:
             # The transaction's outcome is unknown (its COMMIT may have landed): keep the
             # files, and tell the clients not to apply their changes again.
             for w, _ in members:
-                w.fail(CommitStateUnknown(
+                w.settle(Unknown(CommitStateUnknown(
                     f"the catalog's database did not confirm the commit ("
                     f"{exc.__class__.__name__}); load the table to see whether it landed "
-                    "before retrying (or send it again with its Idempotency-Key, if it had one)"))
+                    "before retrying (or send it again with its Idempotency-Key, if it had "
+                    "one)")))
             return None
         landed = []
         for i, (w, plan) in enumerate(members):
@@ -350,10 +357,10 @@ class Ordering:
     def _settle(w: _Waiting, outcome: bool | CatalogError) -> None:
         """Answer a member that did not land: try again (its table moved) or its own error."""
         if isinstance(outcome, CatalogError):
-            w.fail(outcome)
+            w.settle(Failed(outcome))
         else:
             CONFLICTS.labels("moved").inc()
-            w.retry()
+            w.settle(Conflict("its table moved"))
 
     def _prune_soon(self) -> None:
         """Forget old commits' marks, once a minute at most, beside the commits (not in their
@@ -451,18 +458,11 @@ class _Waiting:
 
     build: Callable[[int, int], Awaitable[Plan[Any]]]
     attempt: int
-    done: asyncio.Future[tuple[Any] | None]
+    done: asyncio.Future[Outcome]
     mark: idempotency.Mark | None = None
     tables: frozenset[tuple[Any, ...]] = frozenset()
 
-    def succeed(self, result: Any) -> None:
+    def settle(self, outcome: Outcome) -> None:
+        """The attempt's outcome, once (the first one told stands)."""
         if not self.done.done():
-            self.done.set_result((result,))
-
-    def retry(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.done.done():
-            self.done.set_exception(exc)
+            self.done.set_result(outcome)

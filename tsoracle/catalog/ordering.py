@@ -273,9 +273,8 @@ class Ordering:
                           ) -> list[tuple[_Waiting, Plan[Any]]] | None:
         """One transaction for the group: the upper raised to `ts`, then each plan in a
         savepoint of its own, so that one whose table moved lands nothing and the rest land.
-        Returns the members that landed (the others were told to try again), or None."""
-        # index -> True (landed), False (moved: try again) or the error that refuses it alone,
-        # as the last complete body left it.
+        Returns the members that landed (the others were answered), or None."""
+        # index -> landed, moved (False) or its own refusal, as the last complete body left it
         outcome: dict[int, bool | CatalogError] = {}
 
         async def body(tx: Tx) -> dict[int, bool | CatalogError]:
@@ -290,26 +289,7 @@ class Ordering:
                 if retried and await state.committed(tx, self.timeline, ts):
                     return dict(outcome)
                 raise
-            result: dict[int, bool | CatalogError] = {}
-            for i, (_, plan) in enumerate(members):
-                # Each plan in a savepoint of its own: one whose table moved, or that the
-                # database refuses (its data, a name a concurrent change took), lands nothing
-                # and the others land, at once, without a retry of the whole group. A plan
-                # alone needs none (two round trips fewer): its failure rolls all back.
-                alone = len(members) == 1
-                if not alone:
-                    await tx.fetch("SAVEPOINT tsoracle_plan")
-                try:
-                    await _apply(tx, plan)
-                    if not alone:
-                        await tx.fetch("RELEASE SAVEPOINT tsoracle_plan")
-                    result[i] = True
-                except (state.Moved, Refused, CatalogError) as exc:
-                    if not alone:
-                        await tx.fetch("ROLLBACK TO SAVEPOINT tsoracle_plan")
-                    result[i] = _refused_alone(exc)
-            if not any(v is True for v in result.values()):
-                raise _NothingLanded(result)
+            result = await _apply_each(tx, [plan for _, plan in members])
             await state.record_commit(tx, self.timeline, ts, wall_clock_ms())
             outcome.clear()
             outcome.update(result)
@@ -317,31 +297,8 @@ class Ordering:
 
         try:
             result = await self.backend.transaction(body)
-        except state.Superseded:
-            for w, plan in members:
-                await self._cleanup(plan.written)
-                CONFLICTS.labels("superseded").inc()
-                w.settle(Conflict("its timestamp fell behind the upper"))
-            return None
-        except _NothingLanded as exc:
-            for i, (w, plan) in enumerate(members):
-                await self._cleanup(plan.written)
-                self._settle(w, exc.result[i])
-            return None
-        except CatalogError as exc:
-            for w, plan in members:
-                await self._cleanup(plan.written)
-                w.settle(Failed(exc))
-            return None
-        except OracleError as exc:
-            # The transaction's outcome is unknown (its COMMIT may have landed): keep the
-            # files, and tell the clients not to apply their changes again.
-            for w, _ in members:
-                w.settle(Unknown(CommitStateUnknown(
-                    f"the catalog's database did not confirm the commit ("
-                    f"{exc.__class__.__name__}); load the table to see whether it landed "
-                    "before retrying (or send it again with its Idempotency-Key, if it had "
-                    "one)")))
+        except (state.Superseded, _NothingLanded, CatalogError, OracleError) as exc:
+            await self._nothing_landed(members, exc)
             return None
         landed = []
         for i, (w, plan) in enumerate(members):
@@ -352,6 +309,29 @@ class Ordering:
                 self._settle(w, result[i])
         GROUP_SIZE.observe(len(landed))
         return landed
+
+    async def _nothing_landed(self, members: list[tuple[_Waiting, Plan[Any]]],
+                              exc: Exception) -> None:
+        """Answer a group whose transaction failed with `exc`."""
+        if isinstance(exc, OracleError):
+            # The transaction's outcome is unknown (its COMMIT may have landed): keep the
+            # files, and tell the clients not to apply their changes again.
+            for w, _ in members:
+                w.settle(Unknown(CommitStateUnknown(
+                    f"the catalog's database did not confirm the commit ("
+                    f"{exc.__class__.__name__}); load the table to see whether it landed "
+                    "before retrying (or send it again with its Idempotency-Key, if it had "
+                    "one)")))
+            return
+        for i, (w, plan) in enumerate(members):
+            await self._cleanup(plan.written)
+            if isinstance(exc, state.Superseded):
+                CONFLICTS.labels("superseded").inc()
+                w.settle(Conflict("its timestamp fell behind the upper"))
+            elif isinstance(exc, _NothingLanded):
+                self._settle(w, exc.result[i])
+            else:
+                w.settle(Failed(exc))
 
     @staticmethod
     def _settle(w: _Waiting, outcome: bool | CatalogError) -> None:
@@ -400,6 +380,30 @@ class Ordering:
         if self._pruning is not None:
             await asyncio.gather(self._pruning, return_exceptions=True)
         await self.oracle.close()
+
+
+async def _apply_each(tx: Tx, plans: list[Plan[Any]]) -> dict[int, bool | CatalogError]:
+    """Each plan in a savepoint of its own: one whose table moved, or that the database
+    refuses (its data, a name a concurrent change took), lands nothing and the others land, at
+    once, without a retry of the whole group. A plan alone needs none (two round trips
+    fewer): its failure rolls all back. Raises `_NothingLanded` if none landed."""
+    alone = len(plans) == 1
+    result: dict[int, bool | CatalogError] = {}
+    for i, plan in enumerate(plans):
+        if not alone:
+            await tx.fetch("SAVEPOINT tsoracle_plan")
+        try:
+            await _apply(tx, plan)
+            if not alone:
+                await tx.fetch("RELEASE SAVEPOINT tsoracle_plan")
+            result[i] = True
+        except (state.Moved, Refused, CatalogError) as exc:
+            if not alone:
+                await tx.fetch("ROLLBACK TO SAVEPOINT tsoracle_plan")
+            result[i] = _refused_alone(exc)
+    if not any(v is True for v in result.values()):
+        raise _NothingLanded(result)
+    return result
 
 
 async def _apply(tx: Tx, plan: Plan[Any]) -> None:

@@ -243,8 +243,8 @@ def _catalog_flags(c: argparse.ArgumentParser) -> None:
                         "needs")
     c.add_argument("--idempotency-key-lifetime", type=int, default=1800, metavar="SECONDS",
                    help="a client may retry a change with the same Idempotency-Key header for "
-                        "this long and get the first answer (advertised in /v1/config; "
-                        "default 1800: PT30M)")
+                        "this long and get the first answer (advertised in /v1/config as an "
+                        "ISO 8601 duration; default: 1800, PT30M)")
 
 
 def _operator_flags(c: argparse.ArgumentParser) -> None:

@@ -128,12 +128,13 @@ CANCEL_TIMELINE = "counter:cancel"
 # others update, a SERIALIZABLE transaction that waited for its lock fails on the update it
 # waited for, and on a busy machine it failed like that for its whole retry budget (the CI run
 # of 99ba11a: 30 s, twenty times over).
-CANCEL_ROW = "counter:cancel-tx-{proc}"
-# SERIALIZABLE on a busy machine: the cancelling clients' own two-statement transactions
-# (not the oracle's) can fail serialization (PostgreSQL's page-level read locks) attempt after
-# attempt for the store's whole 30 s retry budget, and the run stalled at its cap (two CI runs
-# of 2026-11-28; every client error was one of them, none an oracle call). Past this long one
-# is cancelled where it is, like the others, and counted as given up.
+# The table the cancelling clients' transactions lock and update, a row per worker, beside
+# the oracle's (in its schema, on its backend): on the oracle's own busy `timestamps` table a
+# SERIALIZABLE transaction of theirs failed serialization (PostgreSQL's page-level read locks)
+# attempt after attempt on a busy machine, and the run stalled (CI, 2026-11-28, three times).
+CANCEL_TABLE = "lincheck_cancel"
+# A cancelling client's own transaction (not an oracle call) that retries this long is
+# cancelled where it is, like the others, and counted as given up.
 CANCEL_TX_BUDGET_S = 5.0
 CANCEL_SHARE = 0.1  # of the other clients' calls, cancelled at a random point
 # A hold of the write lock ends once a transaction was cancelled waiting for it, or after this
@@ -234,16 +235,16 @@ class Standby(Exception):
 
 
 async def cancelled_transaction(oracle: ReopeningOracle, target: str, rng: random.Random,
-                                row: str) -> str | None:
-    """Run a transaction on `oracle`'s own backend, on the timestamps row `row`, and cancel it
-    at `target`: "begin" a moment
+                                table: str, proc: int) -> str | None:
+    """Run a transaction on `oracle`'s own backend, on `proc`'s row of `table` (CANCEL_TABLE,
+    qualified), and cancel it at `target`: "begin" a moment
     after it started (the nemesis holds the lock it waits for), "body" with its second
     statement in flight, "commit" with its COMMIT in flight. Returns where the cancellation
     landed (CANCEL_POINTS, as the body saw it), or None if the transaction ended first."""
     loop = asyncio.get_running_loop()
     phase = ["begin"]
     landed: list[str] = []
-    where = {"timeline": row}
+    where = {"proc": proc}
 
     def cancel(task: asyncio.Task[Any]) -> None:
         if task.cancel():
@@ -259,13 +260,10 @@ async def cancelled_transaction(oracle: ReopeningOracle, target: str, rng: rando
             loop.call_soon(cancel, task)
 
     async def body(tx: tsoracle.store.Tx) -> None:
-        # Writes nothing: the row keeps its values, the history is the oracle's alone.
         phase[0] = "lock"
-        await tx.fetch("SELECT read_ts FROM {timestamps} WHERE timeline = %(timeline)s"
-                       " FOR UPDATE", where)
+        await tx.fetch(f"SELECT n FROM {table} WHERE proc = %(proc)s FOR UPDATE", where)
         cancel_at("body")
-        await tx.fetch("UPDATE {timestamps} SET read_ts = read_ts"
-                       " WHERE timeline = %(timeline)s", where)
+        await tx.fetch(f"UPDATE {table} SET n = n + 1 WHERE proc = %(proc)s", where)
         cancel_at("commit")
 
     async def run(o: tsoracle.TimestampOracle) -> None:
@@ -455,7 +453,7 @@ async def worker(args: argparse.Namespace) -> None:
                     try:
                         async with asyncio.timeout(CANCEL_TX_BUDGET_S):
                             landed = await cancelled_transaction(
-                                oracle, target, rng, CANCEL_ROW.format(proc=args.proc))
+                                oracle, target, rng, cancel_table(url), args.proc)
                     except TimeoutError:
                         # This test's own transaction (not an oracle call) retried that long:
                         # cancelled there, wherever it was, and counted apart.
@@ -763,8 +761,39 @@ def write_path_held(url: str, *, wait_s: float) -> Iterator[None]:
             sql.Literal(f"{int(wait_s * 1000)}ms")))
         conn.execute(sql.SQL("SELECT 1 FROM {} FOR UPDATE").format(
             sql.Identifier(parsed.schema, "timestamps")))
+        if _has_cancel_table(conn, parsed.schema):
+            conn.execute(f"SELECT 1 FROM {cancel_table(url)} FOR UPDATE")
         yield
         conn.rollback()
+
+
+def cancel_table(url: str) -> str:
+    """CANCEL_TABLE as the run's backend names it (in the oracle's schema on PostgreSQL)."""
+    parsed = parse_url(url)
+    if parsed.kind == "sqlite":
+        return CANCEL_TABLE
+    return sql.Identifier(parsed.schema, CANCEL_TABLE).as_string(None)
+
+
+def make_cancel_table(url: str, processes: int) -> None:
+    """CANCEL_TABLE with a row per worker."""
+    parsed = parse_url(url)
+    ddl = f"CREATE TABLE {cancel_table(url)} (proc INTEGER PRIMARY KEY, n BIGINT NOT NULL)"
+    rows = [(i, 0) for i in range(processes)]
+    if parsed.kind == "sqlite":
+        with contextlib.closing(sqlite3.connect(parsed.dsn)) as lite, lite:
+            lite.execute(ddl)
+            lite.executemany(f"INSERT INTO {CANCEL_TABLE} VALUES (?, ?)", rows)
+        return
+    with psycopg.connect(parsed.dsn) as conn:
+        conn.execute(ddl)  # type: ignore[arg-type]
+        conn.cursor().executemany(
+            f"INSERT INTO {cancel_table(url)} VALUES (%s, %s)", rows)  # type: ignore[arg-type]
+
+
+def _has_cancel_table(conn: psycopg.Connection[Any], schema: str) -> bool:
+    return bool(conn.execute("SELECT to_regclass(%s)",
+                             (f'"{schema}".{CANCEL_TABLE}',)).fetchone()[0])  # type: ignore[index]
 
 
 class Nemesis:
@@ -1181,9 +1210,9 @@ def _run(scenario: str, implementation: str, *, out: Path, url: str | None, proc
     url = f"{url}?schema=lin_{scenario.replace('-', '_')}_{implementation}_{run_id}"
     cancelling = scenario == "cancelled-transactions"
     timelines = TIMELINES + ((CANCEL_TIMELINE,) if cancelling else ())
-    rows = [CANCEL_ROW.format(proc=i) for i in range(processes)] if cancelling else []
-    asyncio.run(tsoracle.init(url, timelines=[*timelines, *rows],
-                              implementation=implementation))
+    asyncio.run(tsoracle.init(url, timelines=list(timelines), implementation=implementation))
+    if cancelling:
+        make_cancel_table(url, processes)
     control = Control(out / "control.json")
     control.write(implementation=implementation, leader=0)
     procs: dict[int, subprocess.Popen[bytes]] = {}

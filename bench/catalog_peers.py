@@ -27,7 +27,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -240,15 +239,10 @@ def main() -> int:
     a = p.parse_args()
     from tsoracle_dev.localpg import LocalPostgres
 
-    with tempfile.TemporaryDirectory(prefix="catalog-peers-") as tmp:
-        pg = LocalPostgres(Path(tmp) / "pg")
-        try:
-            pg.start()
-            report = measure(pg, Path(tmp), rounds=a.rounds, seconds=a.seconds,
-                             warmup=a.warmup, writers=a.writers, distinct=a.distinct,
-                             progress=lambda line: print(line, file=sys.stderr, flush=True))
-        finally:
-            pg.destroy()
+    with LocalPostgres.temporary("catalog-peers-") as pg:
+        report = measure(pg, pg.base.parent, rounds=a.rounds, seconds=a.seconds,
+                         warmup=a.warmup, writers=a.writers, distinct=a.distinct,
+                         progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(markdown(report))
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2) + "\n")

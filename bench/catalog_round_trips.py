@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import threading
 import urllib.request
 from pathlib import Path
@@ -98,13 +97,8 @@ def main() -> int:
     a = p.parse_args()
     from tsoracle_dev.localpg import LocalPostgres
 
-    with tempfile.TemporaryDirectory(prefix="round-trips-") as tmp:
-        pg = LocalPostgres(Path(tmp) / "pg")
-        try:
-            pg.start()
-            report = measure(pg, Path(tmp), a.commits, a.writers)
-        finally:
-            pg.destroy()
+    with LocalPostgres.temporary("round-trips-") as pg:
+        report = measure(pg, pg.base.parent, a.commits, a.writers)
     for shape, r in report.items():
         print(f"{shape}: {r['commits']} commits in {r['groups']} groups, "
               f"{r['per_commit']} statements per commit, {r['per_group']} per group")

@@ -16,6 +16,7 @@ cases are real); the superuser connects over the Unix socket in the server's fol
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import hashlib
 import os
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -224,6 +226,18 @@ class LocalPostgres:
         self.stop()
         shutil.rmtree(self.home, ignore_errors=True)
         shutil.rmtree(self.base, ignore_errors=True)
+
+    @classmethod
+    @contextlib.contextmanager
+    def temporary(cls, prefix: str) -> Iterator[LocalPostgres]:
+        """A started server in a temporary folder, destroyed on the way out (benches)."""
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            pg = cls(Path(tmp) / "pg")
+            try:
+                pg.start()
+                yield pg
+            finally:
+                pg.destroy()
 
     def destroy_when_this_process_exits(self) -> None:
         """However this process ends (an interrupt, a crash, SIGKILL), the server goes too."""

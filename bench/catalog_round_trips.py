@@ -1,9 +1,12 @@
-"""Database statements per catalog commit, counted by PostgreSQL's pg_stat_statements.
+"""Database round trips and statements per catalog commit.
 
-Every statement the catalog sends is a round trip (psycopg waits for each reply), BEGIN,
-SAVEPOINT and COMMIT included; the oracle's `write_ts` and `apply_write` are counted with
-them. Two shapes: property commits one after another (each its own group), and `--writers`
-clients committing to one table at once (commits that queue together share a group).
+Round trips are counted on the wire: the catalog reaches PostgreSQL through a relay
+(`tsoracle_dev.pgfaults.LossyRelay`, losing nothing) that counts the server's replies, one per
+round trip (each ends in ReadyForQuery). Statements are counted by PostgreSQL's
+pg_stat_statements; a group sent at once (pipeline mode) is several statements in one round
+trip. The oracle's `write_ts` and `apply_write` count with them. Two shapes: property commits
+one after another (each its own group), and `--writers` clients committing to one table at
+once (commits that queue together share a group).
 
     python bench/catalog_round_trips.py --commits 200 --writers 8
 """
@@ -48,8 +51,10 @@ def statements(pg: Any) -> dict[str, int]:
 def measure(pg: Any, work: Path, commits: int, writers: int) -> dict[str, Any]:
     import tsoracle
     from tsoracle.catalog.serve import CatalogConfig, RunningCatalog
+    from tsoracle_dev.pgfaults import LossyRelay
 
-    url = f"{pg.url()}?schema=round_trips"
+    relay = LossyRelay(pg.port)
+    url = relay.url(f"{pg.url()}?schema=round_trips")
     asyncio.run(tsoracle.init(url))
     report: dict[str, Any] = {}
     with RunningCatalog(CatalogConfig(url=url, warehouse=str(work / "wh"), port=0)) as cat:
@@ -58,9 +63,12 @@ def measure(pg: Any, work: Path, commits: int, writers: int) -> dict[str, Any]:
         for i in range(20):  # warm: the pools' connections, prepared statements
             commit(cat.url, f"w{i}")
         pg.sql("SELECT pg_stat_statements_reset()")
+        before = relay.delivered
         stamps = {commit(cat.url, str(i)) for i in range(commits)}
-        report["sequential"] = summary(statements(pg), commits, len(stamps))
+        report["sequential"] = summary(statements(pg), relay.delivered - before, commits,
+                                       len(stamps))
         pg.sql("SELECT pg_stat_statements_reset()")
+        before = relay.delivered
         seen: set[int] = set()
         lock = threading.Lock()
 
@@ -76,15 +84,18 @@ def measure(pg: Any, work: Path, commits: int, writers: int) -> dict[str, Any]:
         for t in threads:
             t.join()
         report[f"{writers} writers, one table"] = summary(
-            statements(pg), commits // writers * writers, len(seen))
+            statements(pg), relay.delivered - before, commits // writers * writers, len(seen))
+    relay.close()
     return report
 
 
-def summary(counts: dict[str, int], commits: int, groups: int) -> dict[str, Any]:
+def summary(counts: dict[str, int], trips: int, commits: int, groups: int) -> dict[str, Any]:
     total = sum(counts.values())
     top = sorted(counts.items(), key=lambda kv: -kv[1])
     return {"commits": commits, "groups": groups, "statements": total,
             "per_commit": round(total / commits, 2), "per_group": round(total / groups, 2),
+            "round_trips": trips, "trips_per_commit": round(trips / commits, 2),
+            "trips_per_group": round(trips / groups, 2),
             "by_statement": {q[:90]: round(c / groups, 2) for q, c in top}}
 
 
@@ -100,8 +111,9 @@ def main() -> int:
     with LocalPostgres.temporary("round-trips-") as pg:
         report = measure(pg, pg.base.parent, a.commits, a.writers)
     for shape, r in report.items():
-        print(f"{shape}: {r['commits']} commits in {r['groups']} groups, "
-              f"{r['per_commit']} statements per commit, {r['per_group']} per group")
+        print(f"{shape}: {r['commits']} commits in {r['groups']} groups; round trips "
+              f"{r['trips_per_commit']} per commit, {r['trips_per_group']} per group; "
+              f"statements {r['per_commit']} per commit, {r['per_group']} per group")
         for query, calls in r["by_statement"].items():
             print(f"    {calls:6.2f} per group  {query}")
     if a.json:

@@ -5,6 +5,7 @@ its group lands (a savepoint each)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,22 +20,24 @@ from pyiceberg.table.update import (
 from pyiceberg.types import LongType, NestedField
 
 import tsoracle
-from tsoracle.catalog import state
+from tests.conftest import fresh_schema
+from tsoracle.catalog import idempotency, state
 from tsoracle.catalog.errors import BadRequest, CommitFailed, CommitStateUnknown, NoSuchTable
 from tsoracle.catalog.metadata import Warehouse
 from tsoracle.catalog.ordering import Ordering, Plan
-from tsoracle.catalog.outcome import Conflict, Landed
+from tsoracle.catalog.outcome import Conflict, Failed, Landed
 from tsoracle.catalog.service import Catalog, Change
 from tsoracle.oracle.connect import open_instrumented_backend
+from tsoracle_dev.pgfaults import LossyRelay
 
 pytestmark = pytest.mark.serializable
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
 
 
-async def _catalog(url: str, warehouse: Path) -> Catalog:
+async def _catalog(url: str, warehouse: Path, pool_size: int = 10) -> Catalog:
     await tsoracle.init(url)
-    backend = await open_instrumented_backend(url, "catalog")
+    backend = await open_instrumented_backend(url, "catalog", pool_size=pool_size)
     store = Warehouse(str(warehouse))
     ordering = Ordering(url, "EpochMilliseconds", backend,
                         cleanup=lambda files: asyncio.to_thread(store.delete, files))
@@ -192,7 +195,11 @@ async def test_an_unexpected_failure_answers_the_group_instead_of_hanging(url, t
         async def broken(*args: object) -> None:
             raise RuntimeError("a bug")
 
-        monkeypatch.setattr(state, "record_commit", broken)
+        def broken_at_once(*args: object) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(state, "record_commit", broken)  # a statement at a time (SQLite)
+        monkeypatch.setattr(state, "claim_at_once", broken_at_once)  # sent at once (PostgreSQL)
         outcomes = await asyncio.wait_for(asyncio.gather(
             *(catalog.commit([_set(n, "x")]) for n in names), return_exceptions=True), 30)
         # Whether they landed is not known there: "may have landed" (504), never a bare 500.
@@ -200,6 +207,93 @@ async def test_an_unexpected_failure_answers_the_group_instead_of_hanging(url, t
         monkeypatch.undo()
         done = await asyncio.wait_for(catalog.commit([_set(names[0], "y")]), 30)
         assert done[0].metadata.properties["k"] == "y"
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()
+
+
+async def test_a_commit_is_four_round_trips_and_so_is_a_group_on_postgresql(pg, tmp_path):
+    """On PostgreSQL a group's transaction goes in one round trip (pipeline mode): a commit
+    costs the pointer read, `write_ts`, the transaction and `apply_write`, counted on the wire
+    by a relay (one reply per round trip). Before: eight, a statement at a time. Counted once
+    the connections are set up: a new connection's settings, and each statement's first
+    preparation on a connection, are a round trip each, once."""
+    relay = LossyRelay(pg.port)
+    catalog = await _catalog(relay.url(f"{pg.url()}?schema={fresh_schema()}"),
+                             tmp_path / "wh", pool_size=2)
+    try:
+        names = await _tables(catalog, 8)
+
+        async def group(value: str) -> int:
+            before = relay.delivered
+            done = await asyncio.gather(*(catalog.commit([_set(n, value)]) for n in names),
+                                        catalog.commit([_set("t0", "again")]))
+            assert len({d[0].metadata.last_updated_ms for d in done}) == 1  # one group
+            return relay.delivered - before
+
+        for value in ("set", "up", "both connections"):
+            await group(value)
+        before = relay.delivered
+        for i in range(5):
+            await catalog.commit([_set("t0", str(i))])
+        assert relay.delivered - before == 5 * 4
+        # A pointer read per table (the second commit to t0 is built on the first), 3 more.
+        assert [await group("a"), await group("b")] == [len(names) + 3] * 2
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()
+        relay.close()
+
+
+async def test_a_group_that_finds_the_upper_passed_lands_nothing(url, tmp_path):
+    """A read sealed the upper above the group's W before it landed: sent at once, the claim
+    fails and with it every move; nothing landed and the commit is tried again."""
+    catalog = await _catalog(url, tmp_path / "wh")
+    try:
+        await _tables(catalog, 1)
+        t0 = await state.pointer(catalog.backend, ("db",), "t0")
+        assert t0 is not None
+
+        async def sealed_above(ts: int, attempt: int) -> Plan[str]:
+            await state.raise_upper(catalog.backend, "EpochMilliseconds", ts + 1)
+            return Plan("p", swaps=[state.Swap(("db",), "t0", t0.metadata_location, "x")])
+
+        outcome = await catalog.ordering._attempt(sealed_above, 0)
+        assert outcome == Conflict("its timestamp fell behind the upper")
+        assert await state.pointer(catalog.backend, ("db",), "t0") == t0
+        assert await catalog.ordering.closed() > 0  # and the catalog commits again
+        done = await catalog.commit([_set("t0", "after")])
+        assert done[0].metadata.properties["k"] == "after"
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()
+
+
+async def test_a_member_whose_key_is_taken_is_refused_alone(url, tmp_path):
+    """A member's Idempotency-Key already has a live row (another replica landed a request
+    with it): that member lands nothing and answers KeyTaken; its group's other member
+    lands. Sent at once, the taken key fails the whole transaction, which is then sorted out
+    a member at a time."""
+    catalog = await _catalog(url, tmp_path / "wh")
+    try:
+        await _tables(catalog, 2)
+        key = str(uuid.uuid4())
+        await catalog.backend.transaction(lambda tx: state.record_key(tx, key, "f", 1, 0))
+        t0, t1 = [await state.pointer(catalog.backend, ("db",), n) for n in ("t0", "t1")]
+        assert t0 is not None and t1 is not None
+        keyed = Plan("keyed", swaps=[state.Swap(("db",), "t0", t0.metadata_location, "x")])
+        other = Plan("other", swaps=[state.Swap(("db",), "t1", t1.metadata_location, "y")])
+
+        async def with_key() -> object:
+            idempotency.CURRENT.set(idempotency.Mark(key, "another fingerprint", 0))
+            return await catalog.ordering._attempt(_const(keyed), 0)
+
+        results = await asyncio.gather(with_key(), catalog.ordering._attempt(_const(other), 0))
+        assert isinstance(results[0], Failed), results[0]
+        assert isinstance(results[0].error, idempotency.KeyTaken)
+        assert results[1] == Landed("other")
+        assert await state.pointer(catalog.backend, ("db",), "t0") == t0
+        assert await state.stored_key(catalog.backend, key, 0) == ("f", None, None)  # kept
     finally:
         await catalog.ordering.close()
         await catalog.backend.close()

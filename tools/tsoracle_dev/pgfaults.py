@@ -202,7 +202,10 @@ class LossyRelay:
             for w in list(self._open):
                 w.transport.abort()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
+            # Aborted, the relays end on their own; one cancelled in its stream's callback
+            # would print its CancelledError (asyncio reports a connection handler's end).
+            _, stuck = await asyncio.wait(tasks, timeout=1) if tasks else (set(), set())
+            for t in stuck:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 

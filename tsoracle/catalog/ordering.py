@@ -271,32 +271,14 @@ class Ordering:
 
     async def _land_group(self, members: list[tuple[_Waiting, Plan[Any]]], ts: int
                           ) -> list[tuple[_Waiting, Plan[Any]]] | None:
-        """One transaction for the group: the upper raised to `ts`, then each plan in a
-        savepoint of its own, so that one whose table moved lands nothing and the rest land.
-        Returns the members that landed (the others were answered), or None."""
-        # index -> landed, moved (False) or its own refusal, as the last complete body left it
-        outcome: dict[int, bool | CatalogError] = {}
-
-        async def body(tx: Tx) -> dict[int, bool | CatalogError]:
-            retried = any(v is True for v in outcome.values())  # it ran to its end before
-            if retried and await state.committed(tx, self.timeline, ts):
-                return dict(outcome)  # ran before and its COMMIT landed; the reply was lost
-            try:
-                await state.claim(tx, self.timeline, ts)
-            except state.Superseded:
-                # The earlier attempt's COMMIT may still have been under way on the server
-                # when the mark was looked for; claim waited for its lock: look again.
-                if retried and await state.committed(tx, self.timeline, ts):
-                    return dict(outcome)
-                raise
-            result = await _apply_each(tx, [plan for _, plan in members])
-            await state.record_commit(tx, self.timeline, ts, wall_clock_ms())
-            outcome.clear()
-            outcome.update(result)
-            return result
-
+        """One transaction for the group: the upper raised to `ts` and each plan landed, or
+        refused alone (its table moved, its own error) while the rest land. Returns the
+        members that landed (the others were answered), or None."""
         try:
-            result = await self.backend.transaction(body)
+            sent = _at_once(self.backend, members)
+            result = await self._land_at_once(members, ts) if sent else None
+            if result is None:
+                result = await self.backend.transaction(self._one_by_one(members, ts, sent))
         except (state.Superseded, _NothingLanded, CatalogError, OracleError) as exc:
             await self._nothing_landed(members, exc)
             return None
@@ -309,6 +291,58 @@ class Ordering:
                 self._settle(w, result[i])
         GROUP_SIZE.observe(len(landed))
         return landed
+
+    async def _land_at_once(self, members: list[tuple[_Waiting, Plan[Any]]], ts: int
+                            ) -> dict[int, bool | CatalogError] | None:
+        """The group in one round trip: the claim, then each plan's one pointer move (with
+        its key). A group none of whose plans moved still raises the upper, as a read does.
+        None: it failed as a whole (the upper passed `ts`, a key was taken, the database
+        refused a plan's data, or a send whose reply was lost landed and its retry failed on
+        what it left), and `_one_by_one` sorts out which."""
+        statements = [state.claim_at_once(self.backend, self.timeline, ts, wall_clock_ms())]
+        statements += [state.swap_at_once(plan.swaps[0], _key_row(plan.mark), wall_clock_ms())
+                       for _, plan in members]
+        try:
+            rows = await self.backend.at_once(statements)
+        except Refused:
+            return None
+        return {i: bool(moved) for i, moved in enumerate(rows[1:])}
+
+    def _one_by_one(self, members: list[tuple[_Waiting, Plan[Any]]], ts: int,
+                    sent: bool = False
+                    ) -> Callable[[Tx], Awaitable[dict[int, bool | CatalogError]]]:
+        """The group's transaction a statement at a time, each plan in a savepoint. `sent`:
+        the group was sent at once before, and may have landed."""
+        # index -> landed, moved (False) or its own refusal, as the last complete body left it
+        outcome: dict[int, bool | CatalogError] = {}
+        plans = [plan for _, plan in members]
+
+        async def landed_before(tx: Tx) -> dict[int, bool | CatalogError] | None:
+            if not (sent or any(v is True for v in outcome.values())):
+                return None  # never ran to its end: cannot have landed
+            if not await state.committed(tx, self.timeline, ts):
+                return None
+            # It landed, its reply lost: what it told, or (sent at once) where the pointers are.
+            return dict(outcome) if outcome else await _landed_before(tx, plans)
+
+        async def body(tx: Tx) -> dict[int, bool | CatalogError]:
+            if (before := await landed_before(tx)) is not None:
+                return before
+            try:
+                await state.claim(tx, self.timeline, ts)
+            except state.Superseded:
+                # The earlier attempt's COMMIT may still have been under way on the server
+                # when the mark was looked for; claim waited for its lock: look again.
+                if (before := await landed_before(tx)) is not None:
+                    return before
+                raise
+            result = await _apply_each(tx, plans)
+            await state.record_commit(tx, self.timeline, ts, wall_clock_ms())
+            outcome.clear()
+            outcome.update(result)
+            return result
+
+        return body
 
     async def _nothing_landed(self, members: list[tuple[_Waiting, Plan[Any]]],
                               exc: Exception) -> None:
@@ -336,7 +370,9 @@ class Ordering:
     @staticmethod
     def _settle(w: _Waiting, outcome: bool | CatalogError) -> None:
         """Answer a member that did not land: try again (its table moved) or its own error."""
-        if isinstance(outcome, CatalogError):
+        if isinstance(outcome, CommitStateUnknown):
+            w.settle(Unknown(outcome))
+        elif isinstance(outcome, CatalogError):
             w.settle(Failed(outcome))
         else:
             CONFLICTS.labels("moved").inc()
@@ -403,6 +439,37 @@ async def _apply_each(tx: Tx, plans: list[Plan[Any]]) -> dict[int, bool | Catalo
             result[i] = _refused_alone(exc)
     if not any(v is True for v in result.values()):
         raise _NothingLanded(result)
+    return result
+
+
+def _at_once(backend: Backend, members: list[tuple[_Waiting, Plan[Any]]]) -> bool:
+    """Whether the group can be sent at once: every plan moves one existing pointer and does
+    nothing else (the table commits, nearly all of a catalog's traffic)."""
+    return backend.sends_at_once and all(
+        len(p.swaps) == 1 and p.swaps[0].expected is not None
+        and not (p.drops or p.renames or p.locations) for _, p in members)
+
+
+def _key_row(mark: idempotency.Mark | None) -> tuple[str, str, int] | None:
+    return None if mark is None else (mark.key, mark.fingerprint, mark.expired_ms)
+
+
+async def _landed_before(db: Backend | Tx, plans: list[Plan[Any]]
+                         ) -> dict[int, bool | CatalogError]:
+    """Which of a group's plans (one pointer move each) landed, from where the pointers are:
+    a plan landed if its table points at its metadata or at a later plan's of the group (a
+    chain on one table lands up to its first move that failed, and only the first can fail).
+    Any other pointer may be a later commit's over this one's: not known."""
+    result: dict[int, bool | CatalogError] = {}
+    for i, plan in enumerate(plans):
+        move = plan.swaps[0]
+        now = await state.pointer(db, move.namespace, move.name)
+        ours = {p.swaps[0].new for p in plans[i:]
+                if (p.swaps[0].namespace, p.swaps[0].name) == (move.namespace, move.name)}
+        result[i] = (now is not None and now.metadata_location in ours) or CommitStateUnknown(
+            "the catalog's database lost its reply to this commit, and the table has moved "
+            "since; load the table to see whether it landed before retrying (or send it again "
+            "with its Idempotency-Key, if it had one)")
     return result
 
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tsoracle.store import Backend, Tx, schema
+from tsoracle.store import Backend, Statement, Tx, schema
 
 TABLES = ("iceberg_namespaces", "iceberg_objects", "iceberg_uppers", "iceberg_commits",
           "iceberg_locations", "iceberg_idempotency")
@@ -316,7 +316,42 @@ async def record_commit(tx: Tx, timeline: str, ts: int, now_ms: int) -> None:
                    {"t": timeline, "ts": tx.dialect.encode_ts(ts), "at": now_ms})
 
 
-async def committed(tx: Tx, timeline: str, ts: int) -> bool:
+# --- a group's transaction sent at once (PostgreSQL) ----------------------------------------
+# Sent in one round trip, so no statement sees another's reply: a failed condition that must
+# stop the rest is an error (1 / 0), which rolls the whole transaction back.
+
+def claim_at_once(tx: Backend | Tx, timeline: str, ts: int, now_ms: int) -> Statement:
+    """`claim` and `record_commit` in one statement; fails (division by zero) if the upper
+    is at or above `ts`."""
+    return Statement(
+        "WITH claimed AS (UPDATE {iceberg_uppers} SET upper = %(ts)s::numeric"
+        " WHERE timeline = %(t)s AND upper < %(ts)s::numeric RETURNING timeline),"
+        " marked AS (INSERT INTO {iceberg_commits} (timeline, ts, at_ms)"
+        " SELECT timeline, %(ts)s::numeric, %(at)s FROM claimed RETURNING ts)"
+        " SELECT 1 / (SELECT count(*) FROM marked)",
+        {"t": timeline, "ts": tx.dialect.encode_ts(ts), "at": now_ms})
+
+
+def swap_at_once(move: Swap, key: tuple[str, str, int] | None, now_ms: int) -> Statement:
+    """Compare-and-set one existing pointer; returns a row if it moved. With `key` (key,
+    fingerprint, expired_ms), the key's row is left too if it moved (`record_key`), and the
+    statement fails (division by zero) if the key has a live row."""
+    params = {"n": ns_key(move.namespace), "t": move.name, "e": move.expected, "l": move.new,
+              "k": move.kind}
+    moved = ("UPDATE {iceberg_objects} SET metadata_location = %(l)s WHERE namespace = %(n)s"
+             " AND name = %(t)s AND kind = %(k)s AND metadata_location = %(e)s RETURNING name")
+    if key is None:
+        return Statement(moved, params)
+    return Statement(
+        f"WITH moved AS ({moved}), keyed AS (INSERT INTO {{iceberg_idempotency}} AS k"
+        " (key, fingerprint, at_ms) SELECT %(key)s, %(f)s, %(at)s FROM moved"
+        " ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, status = NULL,"
+        " body = NULL, at_ms = excluded.at_ms WHERE k.at_ms < %(old)s RETURNING key)"
+        " SELECT name, 1 / (SELECT count(*) FROM keyed) FROM moved",
+        {**params, "key": key[0], "f": key[1], "old": key[2], "at": now_ms})
+
+
+async def committed(tx: Backend | Tx, timeline: str, ts: int) -> bool:
     """Whether a transaction committing at `ts` landed (its mark is there)."""
     rows = await tx.fetch("SELECT 1 FROM {iceberg_commits} WHERE timeline = %(t)s"
                           " AND ts = %(ts)s::numeric",

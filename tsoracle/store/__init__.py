@@ -1,6 +1,6 @@
 """Ground floor: URLs, dialects, connection pools, retries, schema. Knows nothing of oracles."""
 
-from tsoracle.store.backend import Backend, Rows, Tx, open_backend
+from tsoracle.store.backend import Backend, Rows, Statement, Tx, open_backend
 from tsoracle.store.dialect import U64_MAX
 from tsoracle.store.retry import RetryPolicy
 from tsoracle.store.url import (
@@ -20,6 +20,7 @@ __all__ = [
     "BackendURL",
     "RetryPolicy",
     "Rows",
+    "Statement",
     "Tx",
     "open_backend",
     "has_schema",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tsoracle.errors import OracleError
@@ -16,6 +17,14 @@ from tsoracle.store.url import BackendURL
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
 DEFAULT_POOL_SIZE = 10
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A statement of a transaction sent whole (`Backend.at_once`)."""
+
+    template: str
+    params: Mapping[str, Any]
 
 
 class Tx(ABC):
@@ -87,6 +96,15 @@ class Backend(ABC):
     @abstractmethod
     async def transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
         """Run `body` in one transaction; the whole body is retried on transient failures."""
+
+    # Whether `at_once` sends a whole transaction in one round trip (PostgreSQL's pipeline).
+    sends_at_once = False
+
+    async def at_once(self, statements: Sequence[Statement]) -> list[Rows]:
+        """Run `statements` in order as one transaction sent in one round trip, and return
+        each one's rows; an error in any of them rolls all back (retried like `transaction`).
+        Only where `sends_at_once`: elsewhere a round trip costs too little to matter."""
+        raise NotImplementedError("this backend sends statements one at a time")
 
     def pinned(self) -> Pinned:
         """A fetcher that keeps one connection for itself, for callers that run one statement

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
 from functools import cached_property, lru_cache
 from typing import Any, TypeVar
@@ -13,6 +13,7 @@ import psycopg_pool
 from psycopg import errors as pgerr
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
 from tsoracle.errors import (
     Contended,
@@ -22,7 +23,7 @@ from tsoracle.errors import (
     OracleUnavailable,
     Refused,
 )
-from tsoracle.store.backend import Backend, Pinned, Rows, Tx
+from tsoracle.store.backend import Backend, Pinned, Rows, Statement, Tx
 from tsoracle.store.dialect import U64_MAX, Dialect, substitute
 from tsoracle.store.retry import GaveUp, RetryPolicy, retrying
 
@@ -327,6 +328,32 @@ class PostgresBackend(Backend):
 
         return await self.retried(once)
 
+    @property
+    def sends_at_once(self) -> bool:  # type: ignore[override]
+        # CockroachDB speaks the same protocol, but its handling of these transactions is not
+        # tested here: it takes the statement-at-a-time path.
+        return not self.dialect.cockroach
+
+    async def at_once(self, statements: Sequence[Statement]) -> list[Rows]:
+        rendered = [(self.dialect.render(s.template), s.params) for s in statements]
+        pool = self._pool()
+
+        async def once() -> list[Rows]:
+            async with pool.connection() as conn:
+                try:
+                    # BEGIN and COMMIT as statements of the pipeline (the connection is in
+                    # autocommit): psycopg's transaction() would wait for each of them.
+                    async with conn.pipeline():
+                        await conn.execute("BEGIN")
+                        cursors = [await conn.execute(q, p, prepare=True) for q, p in rendered]
+                        await conn.execute("COMMIT")
+                    return [await c.fetchall() if c.description else [] for c in cursors]
+                except BaseException as exc:
+                    await _end_failed(conn, exc)
+                    raise
+
+        return await self.retried(once)
+
     async def execute_ddl(self, statement: Any) -> None:
         """Run DDL unprepared (PostgreSQL cannot PREPARE it)."""
         pool = self._pool()
@@ -417,6 +444,20 @@ CONFLICTS = ("serialization_failure", "deadlock", "lock_timeout")
 # untranslatable character), 23 (integrity constraint), 54 (program limit exceeded: an index
 # row too large). The same statement would fail the same way again.
 _REFUSING_CLASSES = ("22", "23", "54")
+
+
+async def _end_failed(conn: psycopg.AsyncConnection, exc: BaseException) -> None:
+    """After a transaction sent at once failed: a statement's error left the connection in
+    the aborted transaction (roll it back); anything else (a cancelled call, a lost
+    connection) leaves it in an unknown state (close it: the pool replaces it)."""
+    try:
+        if (isinstance(exc, psycopg.Error) and not conn.closed
+                and conn.info.transaction_status == TransactionStatus.INERROR):
+            await conn.execute("ROLLBACK")
+        elif conn.info.transaction_status != TransactionStatus.IDLE:
+            await conn.close()
+    except psycopg.Error:
+        await conn.close()
 
 
 def refusal(exc: BaseException) -> Refused | None:

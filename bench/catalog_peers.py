@@ -227,6 +227,48 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# Published figures of other Iceberg REST catalogs (the catalog-commit-bench project's
+# RESULTS.md: one machine, one run): context on the plot, not a same-run ratio.
+PUBLISHED = {"sequential": {"Nessie 0.107": 170.6, "Polaris 1.5": 84.0},
+             "one-table": {"Gravitino": 272.6, "Polaris 1.5": 61.5}}
+SIDES = {"tsoracle": ("tsoracle", "tab:blue"), "iceberg": ("Iceberg RESTCatalogServer",
+                                                            "tab:orange")}
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """Commits/s per cell, the two catalogs side by side, the same-run ratio above each pair;
+    the published anchors as grey ticks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = list(report["cells"])
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for k, (side, (label, color)) in enumerate(SIDES.items()):
+        values = [report["cells"][c][side]["commits_per_s"] for c in cells]
+        ax.bar([i + (k - 0.5) * 0.38 for i in range(len(cells))], values, 0.38,
+               label=label, color=color)
+    for i, cell in enumerate(cells):
+        t, r = (report["cells"][cell][s]["commits_per_s"] for s in SIDES)
+        ax.annotate(f"{t / r:.2f}×" if r else "", (i, max(t, r)), ha="center",
+                    xytext=(0, 4), textcoords="offset points", fontsize=9)
+        for name, value in PUBLISHED.get(cell, {}).items():
+            ax.plot([i - 0.4, i + 0.4], [value, value], color="grey", linewidth=1)
+            ax.annotate(name, (i + 0.42, value), fontsize=7, color="grey", va="center")
+    ax.set_xticks(range(len(cells)), cells)
+    ax.set_yscale("log")
+    ax.set_ylabel("successful commits/s (log)")
+    ax.grid(axis="y", alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"Iceberg REST commits on one PostgreSQL, same client, best of "
+                 f"{report['rounds']} rounds of {report['seconds']:g} s\n"
+                 f"({report['writers']} writers on one table, {report['distinct']} on a "
+                 "table each; grey: published figures of other catalogs)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -236,16 +278,24 @@ def main() -> int:
     p.add_argument("--writers", type=int, default=8, help="clients on one table")
     p.add_argument("--distinct", type=int, default=64, help="clients on a table each")
     p.add_argument("--json", help="write the report here")
+    p.add_argument("--plot", metavar="PNG", help="draw the report here (needs matplotlib)")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="print and draw a report written before instead of measuring")
     a = p.parse_args()
-    from tsoracle_dev.localpg import LocalPostgres
+    if a.from_json:
+        report = json.loads(Path(a.from_json).read_text())
+    else:
+        from tsoracle_dev.localpg import LocalPostgres
 
-    with LocalPostgres.temporary("catalog-peers-") as pg:
-        report = measure(pg, pg.base.parent, rounds=a.rounds, seconds=a.seconds,
-                         warmup=a.warmup, writers=a.writers, distinct=a.distinct,
-                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+        with LocalPostgres.temporary("catalog-peers-") as pg:
+            report = measure(pg, pg.base.parent, rounds=a.rounds, seconds=a.seconds,
+                             warmup=a.warmup, writers=a.writers, distinct=a.distinct,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(markdown(report))
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
+    if a.plot:
+        plot(report, a.plot)
     return 0
 
 

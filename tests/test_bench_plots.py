@@ -1,4 +1,5 @@
-"""tsoracle_dev.bench_plots draws the committed bench run (docs/data/bench-read.json)."""
+"""The benches' plots drawn from their committed runs: tsoracle_dev.bench_plots from
+docs/data/bench-read.json, bench/catalog_peers.py from docs/data/catalog-peers.json."""
 
 from __future__ import annotations
 
@@ -47,3 +48,19 @@ def test_a_report_without_reads_is_refused(tmp_path):
     assert proc.returncode != 0
     assert "no read results" in proc.stderr
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_the_peers_plot_draws_the_committed_peers_report(tmp_path):
+    """bench/catalog_peers.py --from-json redraws docs/data/catalog-peers.json (the figure in
+    docs/performance.md) without measuring."""
+    report = ROOT / "docs" / "data" / "catalog-peers.json"
+    out = tmp_path / "peers.png"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "catalog_peers.py"),
+                           "--from-json", str(report), "--plot", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    cells = json.loads(report.read_text())["cells"]
+    assert set(cells) >= {"sequential", "one-table", "distinct", "append-1", "append-8"}
+    assert all(f"| {cell} |" in proc.stdout for cell in cells)  # the table, printed
+    data = out.read_bytes()
+    assert data.startswith(PNG) and len(data) > 20_000

@@ -22,11 +22,17 @@ from pyiceberg.types import LongType, NestedField
 import tsoracle
 from tests.conftest import fresh_schema
 from tsoracle.catalog import idempotency, state
-from tsoracle.catalog.errors import BadRequest, CommitFailed, CommitStateUnknown, NoSuchTable
+from tsoracle.catalog.errors import (
+    BadRequest,
+    CommitFailed,
+    CommitStateUnknown,
+    NoSuchTable,
+    Unavailable,
+)
 from tsoracle.catalog.metadata import Warehouse
 from tsoracle.catalog.ordering import Ordering, Plan
-from tsoracle.catalog.outcome import Conflict, Failed, Landed
 from tsoracle.catalog.service import Catalog, Change
+from tsoracle.oracle.commit_engine import Conflict, Failed, Landed
 from tsoracle.oracle.connect import open_instrumented_backend
 from tsoracle_dev.pgfaults import LossyRelay
 
@@ -294,6 +300,41 @@ async def test_a_member_whose_key_is_taken_is_refused_alone(url, tmp_path):
         assert results[1] == Landed("other")
         assert await state.pointer(catalog.backend, ("db",), "t0") == t0
         assert await state.stored_key(catalog.backend, key, 0) == ("f", None, None)  # kept
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()
+
+
+async def test_a_stopped_group_task_answers_every_commit_waiting_on_it(url, tmp_path):
+    """Before: cancelling the task that lands the groups (a shutdown cancels every task)
+    left the commits of its group and those queued behind it waiting forever. Now the
+    group's get "may have landed" (504) and the queued ones "nothing landed, send it again"
+    (503); the next commit starts a new task."""
+    catalog = await _catalog(url, tmp_path / "wh")
+    try:
+        await _tables(catalog, 2)
+        t0 = await state.pointer(catalog.backend, ("db",), "t0")
+        assert t0 is not None
+        entered = asyncio.Event()
+
+        async def stuck(ts: int, attempt: int) -> Plan[str]:
+            entered.set()
+            await asyncio.Event().wait()
+            raise AssertionError("never built")
+
+        in_group = asyncio.ensure_future(catalog.ordering.commit(stuck))
+        await asyncio.wait_for(entered.wait(), 30)
+        queued = asyncio.ensure_future(catalog.commit([_set("t1", "x")]))
+        await asyncio.sleep(0.05)  # queued behind the stuck group
+        task = catalog.ordering._groups._task  # no public handle: the test plays a shutdown
+        assert task is not None
+        task.cancel()
+        done = await asyncio.wait_for(asyncio.gather(in_group, queued, return_exceptions=True),
+                                      30)
+        assert [type(d) for d in done] == [CommitStateUnknown, Unavailable], done
+        assert await state.pointer(catalog.backend, ("db",), "t0") == t0
+        after = await asyncio.wait_for(catalog.commit([_set("t1", "y")]), 30)
+        assert after[0].metadata.properties["k"] == "y"
     finally:
         await catalog.ordering.close()
         await catalog.backend.close()

@@ -103,7 +103,7 @@ async def test_a_cancelled_worker_leaves_no_caller_waiting(sqlite_url):
         await asyncio.wait_for(entered.wait(), HANG_GUARD_S)
         queued = [loop.create_task(committer.commit(i)) for i in range(2, 4)]
         await asyncio.sleep(0)  # the queued callers are in the queue, behind the group
-        worker = committer._worker  # no public handle: the test plays a shutdown
+        worker = committer._groups._task  # no public handle: the test plays a shutdown
         assert worker is not None
         worker.cancel()
         done, pending = await asyncio.wait([*in_group, *queued], timeout=HANG_GUARD_S)

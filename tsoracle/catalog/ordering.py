@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -33,11 +32,20 @@ from tsoracle.catalog.errors import (
     location_taken,
 )
 from tsoracle.catalog.metrics import COMMITS, CONFLICTS, GROUP_SIZE, RETRIES
-from tsoracle.catalog.outcome import Conflict, Failed, Landed, Outcome, Unknown
 from tsoracle.errors import LeadershipLost, OracleError, Refused
 from tsoracle.fencing import read_deployment
 from tsoracle.oracle import open_oracle
 from tsoracle.oracle.api import wall_clock_ms
+from tsoracle.oracle.commit_engine import (
+    Attempt,
+    Conflict,
+    Failed,
+    Groups,
+    Landed,
+    Outcome,
+    Unknown,
+    retry,
+)
 from tsoracle.oracle.reopening import ReopeningOracle
 from tsoracle.oracle.timeline import EPOCH_MILLISECONDS
 from tsoracle.store import Backend, Tx
@@ -101,8 +109,7 @@ class Ordering:
         self.keys_kept_ms = keys_kept_s * 1000  # Idempotency-Key rows, pruned with the marks
         self.backend = backend
         self._cleanup = cleanup
-        self._queue: list[_Waiting] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._groups: Groups[_Item] = Groups(self._flush, self._stopped, MAX_GROUP)
         self._pruned_at = float("-inf")  # monotonic time of the last pruning of commit marks
         self._pruning: asyncio.Task[None] | None = None
         self.oracle = ReopeningOracle(
@@ -145,54 +152,37 @@ class Ordering:
         pointer moved under it; `build` checks the requirements again each time. `tables`:
         the tables a commit of table changes changes, known before it is built; such commits
         to one table share a group, each built on the one before (`based_on`)."""
-        for attempt in range(MAX_ATTEMPTS):
-            outcome = await self._attempt(build, attempt, tables)
-            if isinstance(outcome, Landed):
-                COMMITS.inc()
-                return cast(R, outcome.result)
-            if not isinstance(outcome, Conflict):
-                raise outcome.error
-            RETRIES.inc()
-            log.debug("a commit lost a race (%s, attempt %d); again at a fresh timestamp",
-                      outcome.reason, attempt + 1)
-            # Jittered: commits that lost together do not all come back in the same group.
-            await asyncio.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** attempt)))
-        raise Contended(f"the commit lost {MAX_ATTEMPTS} races for the catalog's timeline "
-                        f"{self.timeline!r} in a row; try again")
+        result = await retry(
+            lambda attempt: self._attempt(build, attempt, tables), attempts=MAX_ATTEMPTS,
+            what="a commit", on_conflict=RETRIES.inc,
+            exhausted=lambda: Contended(
+                f"the commit lost {MAX_ATTEMPTS} races for the catalog's timeline "
+                f"{self.timeline!r} in a row; try again"))
+        COMMITS.inc()
+        return cast(R, result)
 
     async def _attempt(self, build: Callable[[int, int], Awaitable[Plan[Any]]],
                        attempt: int, tables: frozenset[tuple[Any, ...]] = frozenset()
                        ) -> Outcome:
         """One try in the next group."""
         # The key is the request's: the group lands in the task of whichever came first.
-        waiting = _Waiting(build, attempt, asyncio.get_running_loop().create_future(),
-                           idempotency.CURRENT.get(), tables)
-        self._queue.append(waiting)
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush_all())
-        return await waiting.done
+        return await self._groups.submit(
+            _Item(build, attempt, idempotency.CURRENT.get(), tables))
 
-    async def _flush_all(self) -> None:
-        # Group commit: whatever queued while a group was landing goes in the next one.
-        try:
-            while self._queue:
-                group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
-                try:
-                    await self._flush(group)
-                except Exception as exc:
-                    # Unexpected (a bug): answer the group's requests rather than leave them
-                    # waiting forever. Whether their commits landed is not known here.
-                    log.error("a commit group failed unexpectedly: %s", exc.__class__.__name__)
-                    for w in group:
-                        w.settle(Unknown(CommitStateUnknown(
-                            f"the catalog failed unexpectedly ({exc.__class__.__name__}) "
-                            "around this commit; load the table to see whether it landed "
-                            "before retrying (or send it again with its Idempotency-Key, if "
-                            "it had one)")))
-        finally:
-            self._flusher = None
+    @staticmethod
+    def _stopped(exc: BaseException, started: bool) -> Outcome:
+        """The outcome of a commit whose group failed unexpectedly (a bug) or was stopped."""
+        if not started:
+            return Failed(Unavailable("the catalog stopped before this commit was tried; "
+                                      "nothing of it landed: send it again"))
+        # Whether its commits landed is not known here.
+        log.error("a commit group failed unexpectedly: %s", exc.__class__.__name__)
+        return Unknown(CommitStateUnknown(
+            f"the catalog failed unexpectedly ({exc.__class__.__name__}) around this commit; "
+            "load the table to see whether it landed before retrying (or send it again with "
+            "its Idempotency-Key, if it had one)"))
 
-    async def _flush(self, group: list[_Waiting]) -> None:
+    async def _flush(self, group: list[Attempt[_Item]]) -> None:
         try:
             ts = (await self._oracle_call(lambda: self.oracle.write_ts())).timestamp
         except CatalogError as exc:
@@ -201,7 +191,7 @@ class Ordering:
             return
         built = await self._build(group, ts)
         landed = await self._land_group(built.members, ts) if built.members else None
-        self._queue[:0] = built.later
+        self._groups.requeue(built.later)
         landed_ids = {id(w) for w, _ in landed or ()}
         for w, refusal, on in built.held:
             # Refused on what earlier members leave: true only if they all landed.
@@ -221,24 +211,24 @@ class Ordering:
             w.settle(Landed(plan.result))
         self._prune_soon()
 
-    async def _build(self, group: list[_Waiting], ts: int) -> _Built:
+    async def _build(self, group: list[_Queued], ts: int) -> _Built:
         """The group's plans at `ts`: built at once, except that a table commit to a table
         an earlier table commit of the group changes is built after the others, on the
         metadata the last of those leaves."""
-        now: list[_Waiting] = []
-        chained: list[_Waiting] = []
+        now: list[_Queued] = []
+        chained: list[_Queued] = []
         claimed: set[tuple[Any, ...]] = set()
         for w in group:
-            (chained if w.tables & claimed else now).append(w)
-            claimed |= w.tables
-        built = await asyncio.gather(*(w.build(ts, w.attempt) for w in now),
+            (chained if w.item.tables & claimed else now).append(w)
+            claimed |= w.item.tables
+        built = await asyncio.gather(*(w.item.build(ts, w.item.attempt) for w in now),
                                      return_exceptions=True)
         out = _Built()
-        touched: dict[tuple[Any, ...], tuple[_Waiting, Plan[Any]]] = {}  # the last to change
+        touched: dict[tuple[Any, ...], tuple[_Queued, Plan[Any]]] = {}  # the last to change
         for w, plan in [*zip(now, built, strict=True), *((w, None) for w in chained)]:
-            on: dict[tuple[Any, ...], tuple[_Waiting, Plan[Any]]] | None = None
+            on: dict[tuple[Any, ...], tuple[_Queued, Plan[Any]]] | None = None
             if plan is None:  # chained: built now, on the metadata its predecessors leave
-                on = {k: touched[k] for k in w.tables if k in touched}
+                on = {k: touched[k] for k in w.item.tables if k in touched}
                 if any(k not in p.after for k, (_, p) in on.items()):
                     out.later.append(w)  # dropped or renamed in this group: the next one
                     continue
@@ -254,23 +244,23 @@ class Ordering:
                 out.later.append(w)
             else:
                 touched.update(dict.fromkeys(plan.keys(), (w, plan)))
-                plan.mark = w.mark
+                plan.mark = w.item.mark
                 out.members.append((w, plan))
         return out
 
     @staticmethod
-    async def _build_on(w: _Waiting, ts: int, bases: dict[tuple[Any, ...], tuple[str, Any]]
+    async def _build_on(w: _Queued, ts: int, bases: dict[tuple[Any, ...], tuple[str, Any]]
                         ) -> Plan[Any] | BaseException:
         token = BASES.set(bases)
         try:
-            return await w.build(ts, w.attempt)
+            return await w.item.build(ts, w.item.attempt)
         except Exception as exc:  # the flusher's own cancellation goes on up
             return exc
         finally:
             BASES.reset(token)
 
-    async def _land_group(self, members: list[tuple[_Waiting, Plan[Any]]], ts: int
-                          ) -> list[tuple[_Waiting, Plan[Any]]] | None:
+    async def _land_group(self, members: list[tuple[_Queued, Plan[Any]]], ts: int
+                          ) -> list[tuple[_Queued, Plan[Any]]] | None:
         """One transaction for the group: the upper raised to `ts` and each plan landed, or
         refused alone (its table moved, its own error) while the rest land. Returns the
         members that landed (the others were answered), or None."""
@@ -292,7 +282,7 @@ class Ordering:
         GROUP_SIZE.observe(len(landed))
         return landed
 
-    async def _land_at_once(self, members: list[tuple[_Waiting, Plan[Any]]], ts: int
+    async def _land_at_once(self, members: list[tuple[_Queued, Plan[Any]]], ts: int
                             ) -> dict[int, bool | CatalogError] | None:
         """The group in one round trip: the claim, then each plan's one pointer move (with
         its key). A group none of whose plans moved still raises the upper, as a read does.
@@ -308,7 +298,7 @@ class Ordering:
             return None
         return {i: bool(moved) for i, moved in enumerate(rows[1:])}
 
-    def _one_by_one(self, members: list[tuple[_Waiting, Plan[Any]]], ts: int,
+    def _one_by_one(self, members: list[tuple[_Queued, Plan[Any]]], ts: int,
                     sent: bool = False
                     ) -> Callable[[Tx], Awaitable[dict[int, bool | CatalogError]]]:
         """The group's transaction a statement at a time, each plan in a savepoint. `sent`:
@@ -344,7 +334,7 @@ class Ordering:
 
         return body
 
-    async def _nothing_landed(self, members: list[tuple[_Waiting, Plan[Any]]],
+    async def _nothing_landed(self, members: list[tuple[_Queued, Plan[Any]]],
                               exc: Exception) -> None:
         """Answer a group whose transaction failed with `exc`."""
         if isinstance(exc, OracleError):
@@ -368,7 +358,7 @@ class Ordering:
                 w.settle(Failed(exc))
 
     @staticmethod
-    def _settle(w: _Waiting, outcome: bool | CatalogError) -> None:
+    def _settle(w: _Queued, outcome: bool | CatalogError) -> None:
         """Answer a member that did not land: try again (its table moved) or its own error."""
         if isinstance(outcome, CommitStateUnknown):
             w.settle(Unknown(outcome))
@@ -442,7 +432,7 @@ async def _apply_each(tx: Tx, plans: list[Plan[Any]]) -> dict[int, bool | Catalo
     return result
 
 
-def _at_once(backend: Backend, members: list[tuple[_Waiting, Plan[Any]]]) -> bool:
+def _at_once(backend: Backend, members: list[tuple[_Queued, Plan[Any]]]) -> bool:
     """Whether the group can be sent at once: every plan moves one existing pointer and does
     nothing else (the table commits, nearly all of a catalog's traffic)."""
     return backend.sends_at_once and all(
@@ -518,22 +508,20 @@ class _Built:
     members leave (each with the ids of those members: the refusal stands only if they all
     land), and the ones for the next group."""
 
-    members: list[tuple[_Waiting, Plan[Any]]] = field(default_factory=list)
-    held: list[tuple[_Waiting, BaseException, set[int]]] = field(default_factory=list)
-    later: list[_Waiting] = field(default_factory=list)
+    members: list[tuple[_Queued, Plan[Any]]] = field(default_factory=list)
+    held: list[tuple[_Queued, BaseException, set[int]]] = field(default_factory=list)
+    later: list[_Queued] = field(default_factory=list)
 
 
-@dataclass
-class _Waiting:
-    """A commit attempt waiting for its group."""
+@dataclass(frozen=True)
+class _Item:
+    """What a commit attempt brings to its group: its plan's builder and attempt number, its
+    request's Idempotency-Key, and the tables it changes if known before it is built."""
 
     build: Callable[[int, int], Awaitable[Plan[Any]]]
     attempt: int
-    done: asyncio.Future[Outcome]
     mark: idempotency.Mark | None = None
     tables: frozenset[tuple[Any, ...]] = frozenset()
 
-    def settle(self, outcome: Outcome) -> None:
-        """The attempt's outcome, once (the first one told stands)."""
-        if not self.done.done():
-            self.done.set_result(outcome)
+
+_Queued = Attempt[_Item]

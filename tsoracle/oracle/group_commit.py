@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Generic, Protocol, TypeVar
 
 from tsoracle.errors import OracleError
+from tsoracle.oracle import commit_engine as engine
 from tsoracle.oracle.api import WriteTimestamp
 
 P = TypeVar("P")
@@ -60,16 +60,16 @@ class CommitInterrupted(OracleError):
 class GroupCommitter(Generic[P]):
     """`await commit(payload)` returns the timestamp at which the payload became visible.
 
-    While one group is committing, newcomers queue up and form the next group. Readers that
-    read only what is at or below `read_ts` see a group once `apply_write` covers its
-    timestamp. If the append fails, nobody in the group gets a timestamp and nothing is
-    applied. If `apply_write` fails after the append (fenced: a flip or a newer legacy leader),
-    the callers get that error, but the appended rows stay at their timestamp and become
-    visible once any later write above it is applied. An append that raises `Conflict` is
-    retried at a fresh timestamp. A group stopped by a
-    cancellation instead (an append that awaited a cancelled task, or the committer's own
-    task cancelled) fails its callers with `CommitInterrupted`, which says how far it got;
-    later groups are served as usual.
+    While one group is committing, newcomers queue up and form the next group (the commit
+    engine's `Groups`). Readers that read only what is at or below `read_ts` see a group once
+    `apply_write` covers its timestamp. If the append fails, nobody in the group gets a
+    timestamp and nothing is applied. If `apply_write` fails after the append (fenced: a flip
+    or a newer legacy leader), the callers get that error, but the appended rows stay at their
+    timestamp and become visible once any later write above it is applied. An append that
+    raises `Conflict` is retried at a fresh timestamp (`max_conflicts` times at most). A group
+    stopped by a cancellation instead (an append that awaited a cancelled task, or the
+    committer's own task cancelled) fails its callers with `CommitInterrupted`, which says how
+    far it got; later groups are served as usual.
     """
 
     def __init__(
@@ -83,80 +83,49 @@ class GroupCommitter(Generic[P]):
     ) -> None:
         self.oracle = oracle
         self._append = append
-        self._max_group = max_group
         self._max_conflicts = max_conflicts
         self._on_group = on_group
-        self._queue: list[tuple[P, asyncio.Future[int]]] = []
-        self._worker: asyncio.Task[None] | None = None
+        self._groups: engine.Groups[P] = engine.Groups(self._land, self._stopped, max_group)
         # Where the group in flight is, for the error of a group stopped by a cancellation.
         self._stage = "write_ts"
         self._stage_ts: int | None = None
 
     async def commit(self, payload: P) -> int:
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._queue.append((payload, fut))
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.get_running_loop().create_task(self._run())
-        return await fut
+        outcome = await self._groups.submit(payload)
+        if isinstance(outcome, engine.Landed):
+            return int(outcome.result)
+        assert not isinstance(outcome, engine.Conflict)  # retried in `_land`
+        raise outcome.error
 
-    async def _run(self) -> None:
-        group: list[tuple[P, asyncio.Future[int]]] = []
+    async def _land(self, group: list[engine.Attempt[P]]) -> None:
+        if self._on_group is not None:
+            self._on_group(len(group))
+        payloads = [attempt.item for attempt in group]
+        ts = await engine.retry(
+            lambda _: self._attempt(payloads), attempts=self._max_conflicts, what="a group",
+            exhausted=lambda: Conflict(f"gave up after {self._max_conflicts} conflicting "
+                                       "commits"))
+        for attempt in group:
+            attempt.settle(engine.Landed(ts))
+
+    async def _attempt(self, payloads: list[P]) -> engine.Outcome:
+        self._stage, self._stage_ts = "write_ts", None
+        ts = (await self.oracle.write_ts()).timestamp
+        self._stage, self._stage_ts = "append", ts
         try:
-            while self._queue:
-                group = self._queue[: self._max_group]
-                del self._queue[: self._max_group]
-                if self._on_group is not None:
-                    self._on_group(len(group))
-                payloads = [payload for payload, _ in group]
-                try:
-                    ts = await self._commit_group(payloads)
-                except asyncio.CancelledError:
-                    if _cancelling():
-                        raise  # this task was cancelled: `finally` answers everyone waiting
-                    # A cancellation from below (the append awaited a cancelled task) stops
-                    # this group only: its callers get an outcome, the worker goes on.
-                    self._fail(group, CommitInterrupted.at(self._stage, self._stage_ts))
-                    continue
-                except Exception as exc:
-                    self._fail(group, exc)
-                    continue
-                for _, fut in group:
-                    if not fut.done():
-                        fut.set_result(ts)
-        finally:
-            # Reached with callers waiting only when this task stops early (cancelled, or a
-            # BaseException such as KeyboardInterrupt): none of them may wait forever.
-            for _, fut in group:
-                if not fut.done():
-                    fut.set_exception(CommitInterrupted.at(self._stage, self._stage_ts))
-            queued, self._queue = self._queue, []
-            for _, fut in queued:
-                if not fut.done():
-                    fut.set_exception(CommitInterrupted.at("queued", None))
+            await self._append(ts, payloads)
+        except Conflict:
+            return engine.Conflict("another writer committed above its timestamp first")
+        self._stage = "apply"
+        await self.oracle.apply_write(ts)
+        return engine.Landed(ts)
 
-    @staticmethod
-    def _fail(group: list[tuple[P, asyncio.Future[int]]], exc: Exception) -> None:
-        for _, fut in group:
-            if not fut.done():
-                fut.set_exception(exc)
-
-    async def _commit_group(self, payloads: list[P]) -> int:
-        for _ in range(self._max_conflicts):
-            self._stage, self._stage_ts = "write_ts", None
-            ts = (await self.oracle.write_ts()).timestamp
-            self._stage, self._stage_ts = "append", ts
-            try:
-                await self._append(ts, payloads)
-            except Conflict:
-                continue  # another writer committed above ts first: take a fresh timestamp
-            self._stage = "apply"
-            await self.oracle.apply_write(ts)
-            return ts
-        raise Conflict(f"gave up after {self._max_conflicts} conflicting commits")
-
-
-def _cancelling() -> bool:
-    """Whether the running task itself was asked to stop (`Task.cancel()`), as opposed to a
-    CancelledError it merely received from a cancelled task or future it awaited."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+    def _stopped(self, exc: BaseException, started: bool) -> engine.Outcome:
+        """A group's error goes to its callers; a cancellation says how far it got."""
+        if isinstance(exc, Exception):
+            return engine.Failed(exc)
+        if not started:
+            return engine.Failed(CommitInterrupted.at("queued", None))
+        interrupted = CommitInterrupted.at(self._stage, self._stage_ts)
+        maybe = self._stage in ("append", "apply")  # its payloads may be at its timestamp
+        return engine.Unknown(interrupted) if maybe else engine.Failed(interrupted)

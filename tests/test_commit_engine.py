@@ -140,3 +140,28 @@ async def test_retry_tries_again_only_after_a_conflict_and_gives_up_after_the_la
     with pytest.raises(TimeoutError):
         await engine.retry(unknown, attempts=5, exhausted=lambda: RuntimeError("x"), what="t")
     assert calls == [0, 0]
+
+
+async def test_a_base_exception_out_of_land_answers_its_group_and_is_logged_once(caplog):
+    """Before: the attempts were answered, but the task's exception was never retrieved, and
+    asyncio reported it as such whenever the task was collected."""
+    import gc
+
+    class Stop(BaseException):
+        pass
+
+    async def land(group: list[engine.Attempt[int]]) -> None:
+        raise Stop()
+
+    groups: engine.Groups[int] = engine.Groups(land, stopped, max_group=10)
+    outcome = await asyncio.wait_for(groups.submit(1), HANG_GUARD_S)
+    assert isinstance(outcome, engine.Unknown)
+    task = groups._task
+    assert task is not None
+    await asyncio.wait([task], timeout=HANG_GUARD_S)
+    await asyncio.sleep(0)  # the task's done callbacks run
+    del task, groups
+    gc.collect()
+    messages = [r.getMessage() for r in caplog.records]
+    assert "the commit task stopped: Stop" in messages, messages
+    assert not any("never retrieved" in m for m in messages), messages

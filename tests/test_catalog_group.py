@@ -338,3 +338,40 @@ async def test_a_stopped_group_task_answers_every_commit_waiting_on_it(url, tmp_
     finally:
         await catalog.ordering.close()
         await catalog.backend.close()
+
+
+async def test_a_commit_whose_outcome_is_unknown_keeps_its_metadata_file(pg, tmp_path):
+    """Found by attack: a group sent at once landed, its reply was lost, and another replica
+    moved one of its tables before the resend; that member's outcome is unknown (504), and
+    its metadata file, named by the table's metadata log since it did land, was deleted."""
+    from urllib.parse import urlparse
+
+    url = f"{pg.url()}?schema={fresh_schema()}"
+    a = await _catalog(url, tmp_path / "wh")
+    b = await _catalog(url, tmp_path / "wh")
+    try:
+        await _tables(a, 2)
+        real = a.backend.at_once
+        sends = 0
+
+        async def reply_lost_then_table_moved(statements):
+            nonlocal sends
+            sends += 1
+            rows = await real(statements)
+            if sends > 1:
+                return rows
+            await b.commit([Change(("db",), "t0", (), (SetPropertiesUpdate(updates={"b": "1"}),))])
+            return await real(statements)  # the resend, as after a lost reply: refused
+
+        a.backend.at_once = reply_lost_then_table_moved  # type: ignore[method-assign]
+        done = await asyncio.gather(a.commit([_set("t0", "a")]), a.commit([_set("t1", "a")]),
+                                    return_exceptions=True)
+        assert isinstance(done[0], CommitStateUnknown) and not isinstance(done[1], Exception)
+        table = await b.load_table(("db",), "t0")
+        assert table.metadata.properties == {"k": "a", "b": "1"}  # a's commit did land
+        files = [e.metadata_file for e in table.metadata.metadata_log]
+        assert files and all(Path(urlparse(f).path).exists() for f in files), files
+    finally:
+        for catalog in (a, b):
+            await catalog.ordering.close()
+            await catalog.backend.close()

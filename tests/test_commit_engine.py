@@ -165,3 +165,20 @@ async def test_a_base_exception_out_of_land_answers_its_group_and_is_logged_once
     messages = [r.getMessage() for r in caplog.records]
     assert "the commit task stopped: Stop" in messages, messages
     assert not any("never retrieved" in m for m in messages), messages
+
+
+async def test_a_task_cancelled_before_it_ran_answers_what_was_queued_for_it():
+    """Found by attack: cancelled before its first step, the task never reached its
+    `finally`, and the attempt queued for it waited until some later submit."""
+    async def land(group: list[engine.Attempt[int]]) -> None:
+        for a in group:
+            a.settle(engine.Landed(a.item))
+
+    groups: engine.Groups[int] = engine.Groups(land, stopped, max_group=10)
+    waiting = asyncio.ensure_future(groups.submit(1))
+    await asyncio.sleep(0)  # submitted: the task exists and has not run yet
+    assert groups._task is not None
+    groups._task.cancel()
+    outcome = await asyncio.wait_for(waiting, HANG_GUARD_S)
+    assert isinstance(outcome, engine.Failed)  # started=False: nothing of it ran
+    assert await asyncio.wait_for(groups.submit(2), HANG_GUARD_S) == engine.Landed(2)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import tsoracle
-from tsoracle.oracle.group_commit import CommitInterrupted, GroupCommitter
+from tsoracle.oracle.group_commit import CommitInterrupted, Conflict, GroupCommitter
 
 COUNTER = "counter:orders"
 HANG_GUARD_S = 30.0  # only there so that a hang fails the test instead of the run
@@ -160,3 +160,33 @@ async def test_a_group_fenced_between_append_and_apply_lands_at_the_next_applied
     finally:
         for oracle in opened:
             await oracle.close()
+
+
+async def test_a_stop_while_waiting_to_retry_a_conflict_says_nothing_was_appended(
+        sqlite_url, monkeypatch):
+    """Found by attack: after an append's Conflict the group waits (jitter) before its next
+    timestamp; stopped there, its callers were told the append at the lost timestamp may have
+    happened. Nothing was appended: they are told so."""
+    await tsoracle.init(sqlite_url, timelines=[COUNTER])
+    from tsoracle.oracle import commit_engine
+
+    monkeypatch.setattr(commit_engine.random, "uniform", lambda a, b: HANG_GUARD_S)
+    tried: list[int] = []
+
+    async def append(ts: int, payloads: list[int]) -> None:
+        tried.append(ts)
+        raise Conflict("another writer got there first")
+
+    async with tsoracle.connect(sqlite_url, timeline=COUNTER) as oracle:
+        committer: GroupCommitter[int] = GroupCommitter(oracle, append)
+        caller = asyncio.ensure_future(committer.commit(1))
+        while not tried:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # in the jitter sleep before the next write_ts
+        task = committer._groups._task  # no public handle: the test plays a shutdown
+        assert task is not None
+        task.cancel()
+        with pytest.raises(CommitInterrupted) as err:
+            await asyncio.wait_for(caller, HANG_GUARD_S)
+        assert err.value.stage == "write_ts" and "nothing was appended" in str(err.value)
+        assert len(tried) == 1

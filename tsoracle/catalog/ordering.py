@@ -110,6 +110,7 @@ class Ordering:
         self.backend = backend
         self._cleanup = cleanup
         self._groups: Groups[_Item] = Groups(self._flush, self._stopped, MAX_GROUP)
+        self._told: BaseException | None = None  # the last group failure logged
         self._pruned_at = float("-inf")  # monotonic time of the last pruning of commit marks
         self._pruning: asyncio.Task[None] | None = None
         self.oracle = ReopeningOracle(
@@ -169,14 +170,18 @@ class Ordering:
         return await self._groups.submit(
             _Item(build, attempt, idempotency.CURRENT.get(), tables))
 
-    @staticmethod
-    def _stopped(exc: BaseException, started: bool) -> Outcome:
+    def _stopped(self, exc: BaseException, started: bool) -> Outcome:
         """The outcome of a commit whose group failed unexpectedly (a bug) or was stopped."""
         if not started:
             return Failed(Unavailable("the catalog stopped before this commit was tried; "
                                       "nothing of it landed: send it again"))
+        if exc is not self._told:  # the same error for each commit of a group: logged once
+            self._told = exc
+            if isinstance(exc, asyncio.CancelledError):
+                log.warning("a commit group was stopped (cancelled) while landing")
+            else:
+                log.error("a commit group failed unexpectedly: %s", exc.__class__.__name__)
         # Whether its commits landed is not known here.
-        log.error("a commit group failed unexpectedly: %s", exc.__class__.__name__)
         return Unknown(CommitStateUnknown(
             f"the catalog failed unexpectedly ({exc.__class__.__name__}) around this commit; "
             "load the table to see whether it landed before retrying (or send it again with "
@@ -276,9 +281,10 @@ class Ordering:
         for i, (w, plan) in enumerate(members):
             if result[i] is True:
                 landed.append((w, plan))
-            else:
+                continue
+            if not isinstance(result[i], CommitStateUnknown):  # may have landed: keep them
                 await self._cleanup(plan.written)
-                self._settle(w, result[i])
+            self._settle(w, result[i])
         GROUP_SIZE.observe(len(landed))
         return landed
 

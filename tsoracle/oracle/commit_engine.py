@@ -88,7 +88,7 @@ class Groups(Generic[T]):
         self._queue.append(attempt)
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run())
-            self._task.add_done_callback(_report_end)
+            self._task.add_done_callback(self._ended)
         return await attempt.done
 
     def requeue(self, attempts: list[Attempt[T]]) -> None:
@@ -116,6 +116,17 @@ class Groups(Generic[T]):
             queued, self._queue = self._queue, []
             self._settle(queued, asyncio.CancelledError(), started=False)
 
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """Log what stopped the task other than a cancellation (a BaseException out of
+        `land`; its attempts were answered): nobody awaits the task, so asyncio would only
+        report it, as never retrieved, whenever the task is collected. And answer what is
+        still queued for it: a task cancelled before it ran never reached its `finally`."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("the commit task stopped: %s", exc.__class__.__name__)
+        if task is self._task:  # else a new task took over the queue
+            queued, self._queue = self._queue, []
+            self._settle(queued, asyncio.CancelledError(), started=False)
+
     def _settle(self, attempts: list[Attempt[T]], exc: BaseException, started: bool) -> None:
         for attempt in attempts:
             if not attempt.done.done():
@@ -140,14 +151,6 @@ async def retry(attempt: Callable[[int], Awaitable[Outcome]], *, attempts: int,
         # Jittered: attempts that lost together do not all come back in the same group.
         await asyncio.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** n)))
     raise exhausted()
-
-
-def _report_end(task: asyncio.Task[None]) -> None:
-    """Log what stopped the task other than a cancellation (a BaseException out of `land`;
-    its attempts were answered): nobody awaits the task, so asyncio would only report it,
-    as never retrieved, whenever the task is collected."""
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("the commit task stopped: %s", exc.__class__.__name__)
 
 
 def _cancelling() -> bool:

@@ -115,6 +115,8 @@ class GroupCommitter(Generic[P]):
         try:
             await self._append(ts, payloads)
         except Conflict:
+            # Nothing was appended: until the next write_ts, a stop says so.
+            self._stage, self._stage_ts = "write_ts", None
             return engine.Conflict("another writer committed above its timestamp first")
         self._stage = "apply"
         await self.oracle.apply_write(ts)

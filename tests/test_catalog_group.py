@@ -378,3 +378,22 @@ async def test_a_commit_whose_outcome_is_unknown_keeps_its_metadata_file(pg, tmp
         for catalog in (a, b):
             await catalog.ordering.close()
             await catalog.backend.close()
+
+
+async def test_without_pipeline_mode_a_group_goes_a_statement_at_a_time(pg, tmp_path,
+                                                                     monkeypatch):
+    """psycopg on a libpq older than 14 has no pipeline mode: such a catalog commits a
+    statement at a time rather than failing every group (psycopg's NotSupportedError would
+    have been a 504 each). libpq 14+ is what runs here; its answer is replaced."""
+    import psycopg
+
+    monkeypatch.setattr(psycopg.AsyncPipeline, "is_supported", classmethod(lambda cls: False))
+    catalog = await _catalog(f"{pg.url()}?schema={fresh_schema()}", tmp_path / "wh")
+    try:
+        assert catalog.backend.sends_at_once is False
+        names = await _tables(catalog, 3)
+        done = await asyncio.gather(*(catalog.commit([_set(n, "x")]) for n in names))
+        assert all(d[0].metadata.properties["k"] == "x" for d in done)
+    finally:
+        await catalog.ordering.close()
+        await catalog.backend.close()

@@ -331,8 +331,9 @@ class PostgresBackend(Backend):
     @property
     def sends_at_once(self) -> bool:  # type: ignore[override]
         # CockroachDB speaks the same protocol, but its handling of these transactions is not
-        # tested here: it takes the statement-at-a-time path.
-        return not self.dialect.cockroach
+        # tested here: it takes the statement-at-a-time path. So does a libpq older than 14,
+        # which has no pipeline mode (psycopg would refuse every group).
+        return not self.dialect.cockroach and psycopg.AsyncPipeline.is_supported()
 
     async def at_once(self, statements: Sequence[Statement]) -> list[Rows]:
         rendered = [(self.dialect.render(s.template), s.params) for s in statements]

@@ -295,8 +295,9 @@ class Ordering:
         None: it failed as a whole (the upper passed `ts`, a key was taken, the database
         refused a plan's data, or a send whose reply was lost landed and its retry failed on
         what it left), and `_one_by_one` sorts out which."""
-        statements = [state.claim_at_once(self.backend, self.timeline, ts, wall_clock_ms())]
-        statements += [state.swap_at_once(plan.swaps[0], _key_row(plan.mark), wall_clock_ms())
+        now = wall_clock_ms()
+        statements = [state.claim_at_once(self.backend, self.timeline, ts, now)]
+        statements += [state.swap_at_once(plan.swaps[0], _key_row(plan.mark), now)
                        for _, plan in members]
         try:
             rows = await self.backend.at_once(statements)

@@ -189,6 +189,11 @@ async def pointer(db: Backend | Tx, ns: Namespace, name: str) -> Pointer | None:
     return Pointer(ns, name, str(rows[0][0]), str(rows[0][1])) if rows else None
 
 
+# A pointer's compare-and-set: a row if it moved.
+_MOVE = ("UPDATE {iceberg_objects} SET metadata_location = %(l)s WHERE namespace = %(n)s"
+         " AND name = %(t)s AND kind = %(k)s AND metadata_location = %(e)s RETURNING name")
+
+
 async def swap(tx: Tx, moves: Sequence[Swap]) -> None:
     """Compare-and-set every pointer in `moves`; raises `Moved` (roll back) on the first that
     is not where it was expected."""
@@ -202,10 +207,7 @@ async def swap(tx: Tx, moves: Sequence[Swap]) -> None:
                 " VALUES (%(n)s, %(t)s, %(k)s, %(l)s) ON CONFLICT (namespace, name) DO NOTHING"
                 " RETURNING name", params)
         else:
-            rows = await tx.fetch(
-                "UPDATE {iceberg_objects} SET metadata_location = %(l)s WHERE namespace = %(n)s"
-                " AND name = %(t)s AND kind = %(k)s AND metadata_location = %(e)s"
-                " RETURNING name", params)
+            rows = await tx.fetch(_MOVE, params)
         if not rows:
             found = await pointer(tx, m.namespace, m.name)
             raise Moved(m.namespace, m.name, found.metadata_location if found else None)
@@ -338,12 +340,10 @@ def swap_at_once(move: Swap, key: tuple[str, str, int] | None, now_ms: int) -> S
     statement fails (division by zero) if the key has a live row."""
     params = {"n": ns_key(move.namespace), "t": move.name, "e": move.expected, "l": move.new,
               "k": move.kind}
-    moved = ("UPDATE {iceberg_objects} SET metadata_location = %(l)s WHERE namespace = %(n)s"
-             " AND name = %(t)s AND kind = %(k)s AND metadata_location = %(e)s RETURNING name")
     if key is None:
-        return Statement(moved, params)
+        return Statement(_MOVE, params)
     return Statement(
-        f"WITH moved AS ({moved}), keyed AS (INSERT INTO {{iceberg_idempotency}} AS k"
+        f"WITH moved AS ({_MOVE}), keyed AS (INSERT INTO {{iceberg_idempotency}} AS k"
         " (key, fingerprint, at_ms) SELECT %(key)s, %(f)s, %(at)s FROM moved"
         " ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, status = NULL,"
         " body = NULL, at_ms = excluded.at_ms WHERE k.at_ms < %(old)s RETURNING key)"

@@ -22,7 +22,7 @@ from tsoracle_dev.lincheck.broken import VARIANTS
 
 CORPUS = Path(runner.HERE) / "corpus"
 # Half of `make lincheck`'s 3,000: every nemesis step happens at any size (they are placed at
-# fractions of the run), 1,500 operations leave at least 100 between two steps, and the planted
+# fractions of the run), 1,500 operations leave at least 75 between two steps, and the planted
 # bugs below are caught at this size. The suite's lincheck time halves (issue 33).
 MIN_OPS = 1500
 # A run lasts seconds (tens beside other work); one still running after this hangs, and its

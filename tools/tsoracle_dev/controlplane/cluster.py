@@ -11,7 +11,9 @@ etcd, kube-apiserver, the node's components (kube-node: kubelet, kube-proxy, kub
 kube-controller-manager) and CoreDNS are built from Go modules (the go.mod files beside this
 module), once per version, and cached under ~/.cache/tsoracle. The node (node.py) needs root and
 Debian's containerd, runc and CNI plugins (a missing program ends in one line naming its
-package: tsoracle_dev.hosttools). `up` is idempotent: it reuses running processes, and says on
+package: tsoracle_dev.hosttools). Each component is a type of its own (components.py, on
+process.py's one process abstraction); `up` starts them in order, and if one fails, stops those
+started in reverse order. `up` is idempotent: it reuses running processes, and says on
 stderr what it waits for; the PostgreSQL role's password is random per state folder, kept until
 `down --purge`. Every file holding a secret is its owner's alone (0600).
 
@@ -23,7 +25,7 @@ no default ServiceAccount appears.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -31,7 +33,6 @@ import secrets
 import shutil
 import signal
 import ssl
-import subprocess
 import sys
 import time
 import urllib.error
@@ -41,18 +42,25 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tsoracle_dev import CHECKOUT, hosttools
+from tsoracle_dev.controlplane.components import (
+    APIServer,
+    Containerd,
+    ControllerManager,
+    CoreDNS,
+    Etcd,
+    Kubelet,
+    KubeProxy,
+    Scheduler,
+)
 from tsoracle_dev.controlplane.node import (
-    COREDNS_RBAC,
-    COREDNS_VERSION,
     NODE_IP,
-    NODE_NAME,
     POD_CIDR,
-    SERVICE_CIDR,
     Node,
     NodeError,
     missing_prerequisites,
     write_secret,
 )
+from tsoracle_dev.controlplane.process import Process, Started, StartError, alive, cmdline, stop
 from tsoracle_dev.kubetools import tools_dir
 from tsoracle_dev.localpg import PASSWORD as FIXED_PASSWORD
 from tsoracle_dev.localpg import LocalPostgres, free_port, run_when_this_process_exits
@@ -62,6 +70,7 @@ HERE = Path(__file__).resolve().parent  # the Go wrapper modules are folders bes
 # Every version the cluster is built from, in one place.
 K8S_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.16"
+COREDNS_VERSION = "v1.14.7"
 VERSIONS = {"etcd": ETCD_VERSION, "kube-apiserver": K8S_VERSION, "kube-node": K8S_VERSION,
             "coredns": COREDNS_VERSION}
 CACHE = Path(os.environ.get("TSORACLE_CACHE", Path.home() / ".cache" / "tsoracle"))
@@ -122,34 +131,6 @@ def build(name: str, version: str) -> Path:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:  # a killed child of ours stays a zombie until reaped: that is not alive
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass  # not our child; /proc tells
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def _after(stamp: str, since: float) -> bool:
-    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() >= since
-
-
 class Progress:
     """What `up` is waiting for, one line per phase (`waiting for etcd... ok`, with the seconds
     when it took a while), so a long start never looks hung. Silent without a stream."""
@@ -191,6 +172,7 @@ class ControlPlane:
         self.state = Path(state).resolve()
         self.info_file = self.state / "cluster.json"
         self.kubeconfig = self.state / "kubeconfig"
+        self.logs = self.state / "logs"
         self.node = Node(self.state)
         # With a node, pods reach PostgreSQL and the API server at the node's address.
         self.host = NODE_IP if node else "127.0.0.1"
@@ -227,16 +209,30 @@ class ControlPlane:
     def _save_info(self, info: dict[str, Any]) -> None:
         write_secret(self.info_file, json.dumps(info))  # it holds PostgreSQL's URL
 
-    def info(self) -> dict[str, object]:
+    def _record(self, info: dict[str, Any], proc: Process) -> None:
+        info["pids"][proc.name] = proc.pid  # at once: a failed start still cleans up
+        self._save_info(info)
+
+    def info(self) -> dict[str, Any]:
         return json.loads(self.info_file.read_text()) if self.info_file.exists() else {}
+
+    def _apiserver(self, info: dict[str, Any]) -> APIServer:
+        """The recorded kube-apiserver."""
+        return APIServer(list(info["apiserver_argv"]), self.logs, self.host,
+                         int(info["apiserver_port"]), self.admin_token(),
+                         pid=int(info["pids"]["kube-apiserver"]))
 
     def healthy(self) -> bool:
         info = self.info()
-        if not info or not all(_alive(int(p)) for p in info.get("pids", {}).values()):
+        if not info or not all(alive(int(p)) for p in info.get("pids", {}).values()):
             return False
-        if bool(info.get("node")) != self.with_node:
+        if bool(info.get("node")) != self.with_node or "kube-apiserver" not in info["pids"]:
             return False
-        return self._ready(int(info["apiserver_port"]), timeout=2)
+        try:
+            self._apiserver(info).wait_ready(timeout=2)
+        except StartError:
+            return False
+        return True
 
     def _node_lock(self) -> contextlib.AbstractContextManager[None]:
         uses_node = self.with_node or self.info().get("node") or self.node.owned()
@@ -262,16 +258,43 @@ class ControlPlane:
             return self._up(binaries)
 
     def _up(self, binaries: dict[str, Path]) -> Path:
+        """Start everything in order; on any failure, what started stops in reverse order and
+        the node and PostgreSQL go down (`_down`) before the error goes on."""
         self.state.mkdir(parents=True, exist_ok=True)
-        if self.with_node:
-            self.node.network_up()
-        pg_url = None
-        if self.with_postgres:
-            with self.progress.phase("PostgreSQL"):
-                pg_url = self.pg.start()
+        info: dict[str, Any] = {"pids": {}, "node": self.with_node, "host": self.host,
+                                "postgres_url": None}
+        started = Started(record=lambda proc: self._record(info, proc),
+                          phase=self.progress.phase)
+        try:
+            if self.with_node:
+                self.node.network_up()
+            if self.with_postgres:
+                with self.progress.phase("PostgreSQL"):
+                    info["postgres_url"] = self.pg.start()
+            tokens = self._prepare_pki()
+            etcd = Etcd(binaries["etcd"], self.state / "etcd", self.logs)
+            api_port = free_port()
+            argv = APIServer.flags(binaries["kube-apiserver"], etcd.port, api_port, self.host,
+                                   self.state / "pki",
+                                   self.node.apiserver_flags() if self.with_node else [])
+            apiserver = APIServer(argv, self.logs, self.host, api_port, self.admin_token())
+            info.update(apiserver_port=api_port, etcd_port=etcd.port, apiserver_argv=argv)
+            started.start(etcd)
+            started.start(apiserver)
+            self._write_kubeconfig(api_port, self.state / "pki" / "apiserver.crt")
+            if self.with_node:
+                self._start_node(started, info, binaries, tokens)
+        except BaseException:
+            started.stop()
+            self._down()
+            raise
+        return self.kubeconfig
+
+    def _prepare_pki(self) -> dict[str, str]:
+        """Keys and tokens (pki/, 0700); returns the node's component -> token."""
         pki = self.state / "pki"
         pki.mkdir(exist_ok=True)
-        pki.chmod(0o700)  # keys and tokens
+        pki.chmod(0o700)
         # The API server signs its own serving certificate for its address, once.
         advertised = pki / "advertised-address"
         if advertised.exists() and advertised.read_text() != self.host:
@@ -289,94 +312,38 @@ class ControlPlane:
         if tokens:
             users += self.node.token_lines(tokens)
         write_secret(pki / "tokens.csv", "\n".join(users) + "\n")
-        etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
-        logs = self.state / "logs"
-        logs.mkdir(exist_ok=True)
-        etcd = self._spawn("etcd", [
-            str(binaries["etcd"]), "--name", "dev", "--data-dir", str(self.state / "etcd"),
-            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-            "--initial-cluster", f"dev=http://127.0.0.1:{peer_port}",
-            "--unsafe-no-fsync", "--log-level", "warn",
-        ], logs)
-        with self.progress.phase("etcd"):
-            self._wait_etcd(etcd_port, etcd, logs)
-        self._apiserver_argv = [
-            str(binaries["kube-apiserver"]), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
-            "--cert-dir", str(pki), "--secure-port", str(api_port),
-            "--bind-address", self.host, "--advertise-address", self.host,
-            "--service-cluster-ip-range", SERVICE_CIDR,
-            "--authorization-mode", "Node,RBAC" if self.with_node else "RBAC",
-            "--token-auth-file", str(pki / "tokens.csv"),
-            "--service-account-issuer", "https://kubernetes.default.svc",
-            "--service-account-key-file", str(pki / "sa.pub"),
-            "--service-account-signing-key-file", str(pki / "sa.key"),
-            "--api-audiences", "https://kubernetes.default.svc",
-            "--allow-privileged=true", "--enable-priority-and-fairness=false",
-        ]
-        if self.with_node:
-            self._apiserver_argv += self.node.apiserver_flags()
-        apiserver = self._spawn("kube-apiserver", self._apiserver_argv, logs)
-        info: dict[str, Any] = {
-            "pids": {"etcd": etcd, "kube-apiserver": apiserver}, "node": self.with_node,
-            "host": self.host, "apiserver_port": api_port, "etcd_port": etcd_port,
-            "postgres_url": pg_url, "apiserver_argv": self._apiserver_argv,
-        }
-        self._save_info(info)
-        with self.progress.phase("kube-apiserver"):
-            ready = self._ready(api_port, timeout=120, pid=apiserver)
-            if not ready:
-                tail = (logs / "kube-apiserver.log").read_text()[-3000:]
-                self._down()
-                raise RuntimeError(f"kube-apiserver did not become ready:\n{tail}")
-        self._write_kubeconfig(api_port, pki / "apiserver.crt")
-        if self.with_node:
-            try:
-                self._start_node(info, binaries, tokens, logs)
-            except BaseException:
-                self._down()
-                raise
-        return self.kubeconfig
+        return tokens
 
-    def _start_node(self, info: dict[str, Any], binaries: dict[str, Path],
-                    tokens: dict[str, str], logs: Path) -> None:
+    def _start_node(self, started: Started, info: dict[str, Any], binaries: dict[str, Path],
+                    tokens: dict[str, str]) -> None:
         # Here, not at the top: only a node needs the images, and they import this module.
         from tsoracle_dev import images
 
-        def spawn(name: str, argv: list[str]) -> int:
-            pid = self._spawn(name, argv, logs)
-            info["pids"][name] = pid  # recorded at once: a failed start still cleans up
-            self._save_info(info)
-            return pid
-
-        for item in COREDNS_RBAC["items"]:
+        for item in CoreDNS.RBAC:
             self._apply(item)
-        with self.progress.phase("containerd"):
-            self.node.start_containerd(spawn, images.PAUSE_IMAGE)
         info["containerd_address"] = str(self.node.address)  # where `make images` imports
+        started.start(Containerd(self.node, images.PAUSE_IMAGE, self.logs))
         with self.progress.phase("the pause image (build and import)"):
             images.import_archive(images.build_pause(), str(self.node.address))
-        self.node.start_components(spawn, binaries["kube-node"], binaries["coredns"],
-                                   self._server(), tokens, free_port)
-        self._wait_node(logs)
+        api = functools.partial(self._api, "GET")
+        # Side by side; `up` waits for them in this order (scheduler and proxy: no wait).
+        started.start(*(kind(binaries[kind.built_from], self.node, self._server(),
+                             tokens[kind.name], self.logs, api)
+                        for kind in (Kubelet, KubeProxy, ControllerManager, Scheduler, CoreDNS)))
 
     def restart_apiserver(self, down_seconds: float = 3.0) -> None:
         """Kill kube-apiserver (no drain) and start it again on the same port: what clients
         see during an upgrade or a crash of the control plane."""
         info = self.info()
-        pid = int(info["pids"]["kube-apiserver"])
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
+        apiserver = self._apiserver(info)
+        if apiserver.alive():
+            os.kill(int(info["pids"]["kube-apiserver"]), signal.SIGKILL)
+        while apiserver.alive():
             time.sleep(0.05)
         time.sleep(down_seconds)
-        info["pids"]["kube-apiserver"] = self._spawn(
-            "kube-apiserver", list(info["apiserver_argv"]), self.state / "logs")
-        self._save_info(info)
-        if not self._ready(int(info["apiserver_port"]), timeout=120):
-            raise RuntimeError("kube-apiserver did not come back")
+        apiserver.spawn()
+        self._record(info, apiserver)
+        apiserver.wait_ready()
 
     def _server(self) -> str:
         return f"https://{self.host}:{self.info()['apiserver_port']}"
@@ -401,92 +368,6 @@ class ControlPlane:
             if err.code != 409:  # already there from an earlier `up`
                 raise
 
-    def _wait_etcd(self, port: int, pid: int, logs: Path, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if json.loads(r.read()).get("health") == "true":
-                        return
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.2)
-        tail = (logs / "etcd.log").read_text()[-3000:]
-        self._down()
-        raise RuntimeError(f"etcd did not become healthy:\n{tail}")
-
-    def _wait_node(self, logs: Path, timeout: float = 180) -> None:
-        """Until this kubelet has reported the node Ready (a Ready condition from before a
-        `down` does not count), the default ServiceAccount exists (the controller-manager
-        works) and CoreDNS has read the cluster's Services."""
-        since = time.time() - 2  # the API server stamps with this machine's clock
-        deadline = time.monotonic() + timeout
-
-        def node_ready() -> bool:
-            node = self._api("GET", f"/api/v1/nodes/{NODE_NAME}")
-            return any(c["type"] == "Ready" and c["status"] == "True"
-                       and _after(c["lastHeartbeatTime"], since)
-                       for c in node["status"].get("conditions", []))
-
-        def service_account() -> bool:
-            self._api("GET", "/api/v1/namespaces/default/serviceaccounts/default")
-            return True
-
-        def coredns() -> bool:
-            url = f"http://127.0.0.1:{self.node.coredns_ready_port}/ready"
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                return resp.status == 200
-
-        for what, check, log in (
-                ("the node's kubelet (node Ready)", node_ready, "kubelet"),
-                ("kube-controller-manager (the default ServiceAccount)", service_account,
-                 "kube-controller-manager"),
-                ("coredns", coredns, "coredns")):
-            with self.progress.phase(what):
-                self._until(what, check, deadline, timeout, logs, log)
-
-    def _until(self, what: str, check: Callable[[], bool], deadline: float, timeout: float,
-               logs: Path, log: str) -> None:
-        """Poll `check` until it holds; a component that exits or the deadline ends it."""
-        while time.monotonic() < deadline:
-            dead = [name for name, pid in self.info()["pids"].items() if not _alive(int(pid))]
-            if dead:
-                tail = (logs / f"{dead[0]}.log").read_text()[-2000:]
-                raise NodeError(f"{dead[0]} exited; the end of its log:\n{tail}")
-            try:
-                if check():
-                    return
-            except (OSError, urllib.error.HTTPError, KeyError):
-                pass
-            time.sleep(0.5)
-        tail = (logs / f"{log}.log").read_text()[-1500:] if (logs / f"{log}.log").exists() else ""
-        raise NodeError(f"timed out after {timeout:.0f} s waiting for {what}:\n--- {log}.log\n"
-                        f"{tail}")
-
-    def _spawn(self, name: str, argv: list[str], logs: Path) -> int:
-        with open(logs / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        return proc.pid
-
-    def _ready(self, port: int, timeout: float, pid: int | None = None) -> bool:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE  # only a readiness poll; clients verify the CA
-        deadline = time.monotonic() + timeout
-        while True:
-            req = urllib.request.Request(f"https://{self.host}:{port}/readyz",
-                                         headers={"Authorization": f"Bearer {self.admin_token()}"})
-            try:
-                with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
-                    if resp.status == 200:
-                        return True
-            except OSError:
-                pass
-            if time.monotonic() > deadline or pid is not None and not _alive(pid):
-                return False
-            time.sleep(0.5)
-
     def _write_kubeconfig(self, port: int, ca: Path) -> None:
         write_secret(self.kubeconfig, json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "tsoracle-dev",
@@ -509,17 +390,9 @@ class ControlPlane:
         if self.node.owned():
             self.node.teardown({k: int(v) for k, v in info.get("pids", {}).items()})
         # A recorded pid is ours only while its command line still names this folder.
-        pids = [int(p) for p in info.get("pids", {}).values()
-                if str(self.state).encode() in _cmdline(int(p))]
-        for pid in pids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5  # the API server drains for long; tests need no drain
-        for pid in pids:
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        stop([int(p) for p in info.get("pids", {}).values()
+              if str(self.state).encode() in cmdline(int(p))],
+             timeout=5)  # the API server drains for long; tests need no drain
         if self.info_file.exists():
             self.info_file.unlink()
         if self.with_postgres:

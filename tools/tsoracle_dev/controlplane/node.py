@@ -20,13 +20,13 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from tsoracle_dev import hosttools
+from tsoracle_dev.controlplane.process import alive, cmdline, stop
 
 NODE_NAME = "tsoracle-node"
 BRIDGE = "tsoracle0"
@@ -34,13 +34,12 @@ NODE_IP = "10.244.0.1"
 POD_CIDR = "10.244.0.0/24"
 SERVICE_CIDR = "10.0.0.0/24"
 CLUSTER_DOMAIN = "cluster.local"
-COREDNS_VERSION = "v1.14.7"
 # Short and fixed: unix sockets allow ~100 bytes of path, and one node per machine anyway.
 RUN = Path("/run/tsoracle-node")
 CNI_BIN = Path("/usr/lib/cni")
 SYSCTLS = ("net/bridge/bridge-nf-call-iptables", "net/ipv4/ip_forward")
 GUARD_IN, GUARD_OUT = "TSORACLE-NODE-IN", "TSORACLE-NODE-FWD"
-# Identities the control plane's bootstrap RBAC already knows (except CoreDNS: see RBAC below).
+# Identities the control plane's bootstrap RBAC already knows (CoreDNS's: components.CoreDNS).
 USERS = {
     "kubelet": (f"system:node:{NODE_NAME}", "system:nodes"),
     "kube-proxy": ("system:kube-proxy", ""),
@@ -48,21 +47,6 @@ USERS = {
     "kube-controller-manager": ("system:kube-controller-manager", ""),
     "coredns": ("tsoracle:coredns", ""),
 }
-COREDNS_RBAC = {
-    "apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "tsoracle:coredns"},
-         "rules": [{"apiGroups": [""], "resources": ["services", "namespaces", "pods"],
-                    "verbs": ["list", "watch"]},
-                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                    "verbs": ["list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "tsoracle:coredns"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "tsoracle:coredns"},
-         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                       "name": "tsoracle:coredns"}]},
-    ]}
 
 
 class NodeError(RuntimeError):
@@ -106,32 +90,6 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    except OSError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _stop(pids: list[int], timeout: float = 10.0) -> None:
-    for pid in pids:
-        if _alive(pid):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for pid in pids:
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
 class Node:
     """The node's files and processes for one dev-cluster state folder."""
 
@@ -143,7 +101,6 @@ class Node:
         self.kubelet_root = self.dir / "kubelet"
         self.address = RUN / "containerd.sock"
         self.owner_file = RUN / "owner"
-        self.coredns_ready_port = 0  # set when CoreDNS starts
 
     # --- ownership: one node per machine -------------------------------------------------
     @staticmethod
@@ -246,170 +203,6 @@ class Node:
             "--kubelet-preferred-address-types", "InternalIP",
         ]
 
-    # --- processes ------------------------------------------------------------------------
-    def start_containerd(self, spawn: Callable[[str, list[str]], int],
-                         sandbox_image: str) -> int:
-        self.containerd_root.mkdir(parents=True, exist_ok=True)
-        cni_conf = self.dir / "cni"
-        cni_conf.mkdir(parents=True, exist_ok=True)
-        (cni_conf / "10-tsoracle.conflist").write_text(json.dumps({
-            "cniVersion": "0.4.0", "name": "tsoracle", "plugins": [
-                {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
-                 "hairpinMode": True,
-                 "ipam": {"type": "host-local", "dataDir": str(self.dir / "ipam"),
-                          "ranges": [[{"subnet": POD_CIDR, "gateway": NODE_IP}]],
-                          "routes": [{"dst": "0.0.0.0/0"}]}},
-                {"type": "loopback"}]}, indent=2))
-        config = self.dir / "containerd.toml"
-        config.write_text(f"""version = 2
-root = "{self.containerd_root}"
-state = "{RUN / 'state'}"
-[grpc]
-  address = "{self.address}"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{self.dir / 'opt'}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{sandbox_image}"
-  # This sandbox may not lower OOM scores (no CAP_SYS_RESOURCE); without this runc fails
-  # with "can't get final child's PID from pipe: EOF".
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        Root = "{RUN / 'runc'}"
-  # No registry: a pull of anything not imported fails at once on a closed local port,
-  # rather than reaching out to the Internet.
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "{self._no_registry()}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{CNI_BIN}"
-    conf_dir = "{cni_conf}"
-""")
-        pid = spawn("containerd", ["containerd", "--config", str(config)])
-        deadline = time.monotonic() + 30
-        while _run("ctr", "--address", str(self.address), "version", check=False).returncode:
-            if time.monotonic() > deadline or not _alive(pid):
-                raise NodeError(f"containerd did not start; see {self.state}/logs/containerd.log")
-            time.sleep(0.2)
-        return pid
-
-    def _no_registry(self) -> Path:
-        hosts = self.dir / "registry-hosts"
-        (hosts / "_default").mkdir(parents=True, exist_ok=True)
-        (hosts / "_default" / "hosts.toml").write_text('server = "http://127.0.0.1:9"\n')
-        return hosts
-
-    def _kubeconfig(self, component: str, server: str, token: str) -> Path:
-        path = self.dir / f"{component}.kubeconfig"
-        write_secret(path, json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "node",
-            "clusters": [{"name": "dev", "cluster": {
-                "server": server, "certificate-authority": str(self.pki / "apiserver.crt")}}],
-            "users": [{"name": component, "user": {"token": token}}],
-            "contexts": [{"name": "node", "context": {"cluster": "dev", "user": component}}],
-        }))
-        return path
-
-    def start_components(self, spawn: Callable[[str, list[str]], int], binary: Path,
-                         coredns: Path, server: str, tokens: dict[str, str],
-                         free_port: Callable[[], int]) -> dict[str, int]:
-        kc = {c: self._kubeconfig(c, server, tokens[c]) for c in USERS}
-        pids = {}
-        manager = str(kc["kube-controller-manager"])
-        pids["kube-controller-manager"] = spawn("kube-controller-manager", [
-            str(binary), "kube-controller-manager", "--kubeconfig", manager,
-            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
-            "--leader-elect=false", "--use-service-account-credentials=true",
-            "--service-account-private-key-file", str(self.pki / "sa.key"),
-            "--root-ca-file", str(self.pki / "apiserver.crt"),
-            "--service-cluster-ip-range", SERVICE_CIDR,
-            # Ask the API server who may do what, as every controller runs under its own
-            # ServiceAccount (kubeadm does the same).
-            "--authentication-kubeconfig", manager, "--authorization-kubeconfig", manager,
-        ])
-        pids["kube-scheduler"] = spawn("kube-scheduler", [
-            str(binary), "kube-scheduler", "--kubeconfig", str(kc["kube-scheduler"]),
-            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
-            "--leader-elect=false",
-            "--authentication-kubeconfig", str(kc["kube-scheduler"]),
-            "--authorization-kubeconfig", str(kc["kube-scheduler"]),
-        ])
-        self.kubelet_root.mkdir(parents=True, exist_ok=True)
-        kubelet_config = self.dir / "kubelet.yaml"
-        kubelet_config.write_text(json.dumps({
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            # The host runs cgroup v1 without systemd as PID 1.
-            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "failSwapOn": False,
-            "address": NODE_IP, "port": free_port(), "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1", "healthzPort": free_port(),
-            "authentication": {"anonymous": {"enabled": False},
-                               "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": str(self.pki / "kubelet-client-ca.crt")}},
-            "authorization": {"mode": "Webhook"},
-            "clusterDNS": [NODE_IP], "clusterDomain": CLUSTER_DOMAIN,
-            "resolvConf": str(self._resolv_conf()),
-            # No registry: an image garbage-collected here could never be pulled again.
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            # A shared dev machine's disk and memory are not this node's to defend.
-            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%",
-                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
-            "containerRuntimeEndpoint": f"unix://{self.address}",
-            "rotateCertificates": False, "serializeImagePulls": False,
-            "maxPods": 60,
-            "podLogsDir": str(self.dir / "pod-logs"),
-        }, indent=2))
-        pids["kubelet"] = spawn("kubelet", [
-            str(binary), "kubelet", "--config", str(kubelet_config),
-            "--kubeconfig", str(kc["kubelet"]), "--root-dir", str(self.kubelet_root),
-            "--cert-dir", str(self.dir / "kubelet-pki"), "--node-ip", NODE_IP,
-            "--hostname-override", NODE_NAME,
-        ])
-        proxy_config = self.dir / "kube-proxy.yaml"
-        proxy_config.write_text(json.dumps({
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-            "mode": "iptables", "clusterCIDR": POD_CIDR, "hostnameOverride": NODE_NAME,
-            "clientConnection": {"kubeconfig": str(kc["kube-proxy"])},
-            "bindAddress": NODE_IP,
-            "healthzBindAddress": f"127.0.0.1:{free_port()}",
-            "metricsBindAddress": f"127.0.0.1:{free_port()}",
-            # Leave the host's conntrack sysctls alone (this sandbox may not write them).
-            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
-                          "tcpCloseWaitTimeout": "0s"},
-            # Only this node's bridge: never rewrite traffic of the host's real interfaces.
-            "nodePortAddresses": [f"{NODE_IP}/32"],
-        }, indent=2))
-        pids["kube-proxy"] = spawn("kube-proxy", [
-            str(binary), "kube-proxy", "--config", str(proxy_config)])
-        corefile = self.dir / "Corefile"
-        self.coredns_ready_port = free_port()  # `up` waits for its /ready
-        corefile.write_text(f"""{CLUSTER_DOMAIN}:53 in-addr.arpa:53 {{
-    bind {NODE_IP}
-    errors
-    health 127.0.0.1:{free_port()}
-    ready 127.0.0.1:{self.coredns_ready_port}
-    kubernetes {CLUSTER_DOMAIN} in-addr.arpa {{
-        kubeconfig {kc['coredns']} node
-        pods insecure
-    }}
-    cache 5
-}}
-.:53 {{
-    bind {NODE_IP}
-    errors
-}}
-""")
-        pids["coredns"] = spawn("coredns", [str(coredns), "-conf", str(corefile)])
-        return pids
-
-    def _resolv_conf(self) -> Path:
-        """Pods with dnsPolicy Default get this: cluster names only, nothing upstream."""
-        path = self.dir / "resolv.conf"
-        path.write_text(f"nameserver {NODE_IP}\n")
-        return path
-
     # --- teardown -------------------------------------------------------------------------
     def _ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
         return _run("ctr", "--address", str(self.address), "-n", "k8s.io", *args, check=False)
@@ -445,6 +238,20 @@ state = "{RUN / 'state'}"
                 result.unlink(missing_ok=True)  # libcni's cache of this sandbox's attachments
         return sorted(set(netns))
 
+    def stop_runtime(self, containerd: list[int]) -> None:
+        """Kill the containers, then stop containerd (`containerd`: its recorded pids, besides
+        those found by this node's files), its shims and what they leave, and release the
+        network namespaces the sandboxes pinned."""
+        netns = self.stop_containers()
+        stop([*containerd, *(p for p in self._processes(str(self.dir))
+                             if self._cmd(p).startswith("containerd"))])
+        stop(self._shims(), timeout=5)
+        if self.owned() or not self.owner_file.exists():
+            stop(self._pod_processes(), timeout=2)  # containerd could not kill them
+        for path in netns:
+            _run("umount", path, check=False)
+            Path(path).unlink(missing_ok=True)
+
     def teardown(self, pids: dict[str, int] | None = None) -> None:
         """Stop the node's processes, containers and shims, release its mounts, network
         namespaces, iptables chains and bridge, and put the sysctls back. Safe to repeat, and
@@ -453,20 +260,11 @@ state = "{RUN / 'state'}"
         mine = str(self.dir)
         front = [pid for pid in self._processes(mine)
                  if not self._cmd(pid).startswith(("containerd", "kube-proxy"))]
-        _stop([*(pids[c] for c in ("kubelet", "kube-controller-manager", "kube-scheduler",
-                                   "coredns") if c in pids), *front])
-        netns = self.stop_containers()
-        _stop([*([pids["containerd"]] if "containerd" in pids else []),
-               *(p for p in self._processes(mine) if self._cmd(p).startswith("containerd"))])
-        _stop(self._shims(), timeout=5)
-        if self.owned() or not self.owner_file.exists():
-            _stop(self._pod_processes(), timeout=2)  # containerd could not kill them
-        for path in netns:
-            _run("umount", path, check=False)
-            Path(path).unlink(missing_ok=True)
+        stop([*(pids[c] for c in ("kubelet", "kube-controller-manager", "kube-scheduler",
+                                  "coredns") if c in pids), *front])
+        self.stop_runtime([pids["containerd"]] if "containerd" in pids else [])
         self._unmount_under([self.dir, RUN])
-        _stop([*([pids["kube-proxy"]] if "kube-proxy" in pids else []),
-               *self._processes(mine)])
+        stop([*([pids["kube-proxy"]] if "kube-proxy" in pids else []), *self._processes(mine)])
         self._remove_iptables_chains()
         for link in _run("ip", "-o", "link", "show", "master", BRIDGE, check=False).stdout \
                 .splitlines():
@@ -475,9 +273,9 @@ state = "{RUN / 'state'}"
         self._remove_pod_cgroups()
         for result in Path("/var/lib/cni/results").glob("tsoracle-*"):
             result.unlink(missing_ok=True)
-        for link in Path("/var/log/containers").glob("*.log"):  # the kubelet's fixed folder
-            if link.is_symlink() and os.readlink(link).startswith(str(self.dir)):
-                link.unlink()
+        for log in Path("/var/log/containers").glob("*.log"):  # the kubelet's fixed folder
+            if log.is_symlink() and os.readlink(log).startswith(str(self.dir)):
+                log.unlink()
         saved = RUN / "sysctl.json"
         if saved.exists():
             for key, value in json.loads(saved.read_text()).items():
@@ -492,30 +290,18 @@ state = "{RUN / 'state'}"
 
     @staticmethod
     def _cmd(pid: int) -> str:
-        try:
-            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            return ""
-        return os.path.basename(argv0.decode(errors="replace"))
+        return os.path.basename(os.fsdecode(cmdline(pid).split(b"\0")[0]))
 
     @staticmethod
     def _processes(needle: str) -> list[int]:
         """Live processes whose command line names `needle` (a path of this node's)."""
-        found = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or int(proc.name) == os.getpid():
-                continue
-            try:
-                argv = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if needle.encode() in argv and _alive(int(proc.name)):
-                found.append(int(proc.name))
-        return found
+        return [int(proc.name) for proc in Path("/proc").iterdir()
+                if proc.name.isdigit() and int(proc.name) != os.getpid()
+                and needle.encode() in cmdline(int(proc.name)) and alive(int(proc.name))]
 
     @staticmethod
     def _pod_processes() -> list[int]:
-        pids = set()
+        pids: set[int] = set()
         for procs in Path("/sys/fs/cgroup/pids/kubepods").rglob("cgroup.procs"):
             try:
                 pids.update(int(p) for p in procs.read_text().split())
@@ -525,18 +311,11 @@ state = "{RUN / 'state'}"
 
     def _shims(self) -> list[int]:
         """containerd-shim processes started by this node's containerd."""
-        found = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv and argv[0].endswith(b"containerd-shim-runc-v2") and \
-                    str(self.address).encode() in argv:
-                found.append(int(proc.name))
-        return found
+        argvs = {int(p.name): cmdline(int(p.name)).split(b"\0")
+                 for p in Path("/proc").iterdir() if p.name.isdigit()}
+        return [pid for pid, argv in argvs.items()
+                if argv[0].endswith(b"containerd-shim-runc-v2")
+                and str(self.address).encode() in argv]
 
     @staticmethod
     def _unmount_under(roots: list[Path]) -> None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tsoracle_dev.localpg import PASSWORD
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +54,7 @@ def test_both_catalogs_commit_in_every_cell(pg, tmp_path):
     assert PASSWORD not in done.stdout + done.stderr
 
 
+@pytest.mark.served  # the CLI in a process of its own
 def test_a_url_with_a_query_is_refused():
     done = subprocess.run([*BENCH, "--url", "postgresql://u@h/db?schema=prod"],
                           capture_output=True, text=True, timeout=60)

@@ -64,6 +64,7 @@ def test_tables_live_in_an_s3_warehouse(s3, tmp_path, scheme):
                                 location=f"{scheme}://other-bucket/x")
 
 
+@pytest.mark.served  # the CLI in a process of its own
 def test_a_secret_on_the_command_line_is_refused(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tsoracle.cli", "catalog", "serve",
                            "--warehouse", "s3://lake/wh",

@@ -51,8 +51,9 @@ NEEDS = {"docs/operator.md": "cluster", "docs/spark.md": "cluster",
 # pages that need the cluster (docs/operator.md starts it and installs the chart).
 CHAIN = ["README.md", "docs/operator.md", "docs/spark.md", "docs/observability.md"]
 CLUSTER_ORDER = CHAIN[1:]
-# Pages whose blocks start servers themselves (tsoracle-localpg), for the test tiers.
-PAGE_TIERS = {"docs/performance.md": pytest.mark.pg}
+# Pages whose blocks start servers themselves (tsoracle-localpg, the catalog), for the tiers.
+PAGE_TIERS = {"docs/performance.md": pytest.mark.pg,
+              "docs/iceberg.md": pytest.mark.served}  # `tsoracle catalog serve`
 # Text replaced before running, to keep the suite short; the command is otherwise as written.
 FASTER = {"docs/performance.md": [("--duration 3", "--duration 0.3")]}
 

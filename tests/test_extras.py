@@ -41,6 +41,7 @@ def run(tmp_path: Path, entry: str, *args: str) -> subprocess.CompletedProcess[s
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
 
 
+@pytest.mark.served  # the CLI in a process of its own
 def test_core_commands_need_no_extra(tmp_path):
     for args in (["init"], ["ts", "write"], ["ts", "read"], ["status"],
                  ["flip", "--to", "legacy"], ["ts", "write", "--take-leadership"],
@@ -53,6 +54,7 @@ def test_core_commands_need_no_extra(tmp_path):
     assert "implementation: legacy" in status
 
 
+@pytest.mark.served  # the CLI in a process of its own
 @pytest.mark.parametrize(("entry", "args", "extra"), [
     ("tsoracle", ["demo"], "spark"),
     ("tsoracle", ["operator"], "operator"),

@@ -484,6 +484,7 @@ async def test_the_metric_is_served_from_the_start_and_counts(url):
 # --- tsoracle advance ------------------------------------------------------------------------
 
 
+@pytest.mark.served  # the CLI in a process of its own
 def test_advance_command(tmp_path):
     url = f"sqlite:///{tmp_path / 'a.db'}"
     assert cli("init", "--timeline", COUNTER, "--implementation", "legacy",
@@ -511,6 +512,7 @@ def test_advance_command(tmp_path):
     assert int(ts.stdout) > int(far)
 
 
+@pytest.mark.served  # the CLI in a process of its own
 @pytest.mark.parametrize("args, needle", [
     (["--timeline", COUNTER, "--to", "ten"], "--to 'ten' is not a timestamp"),
     (["--timeline", COUNTER, "--to", "-5"], "is not an integer in [0, 18446744073709551615]"),

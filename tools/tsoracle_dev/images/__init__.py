@@ -787,12 +787,18 @@ def pause_source() -> Path:
     if source.exists():
         return source
     hosttools.need("go")
-    gomodcache = hosttools.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True,
-                               check=True).stdout.strip()
-    source = Path(gomodcache) / relative
-    if not source.exists():
-        raise SystemExit(f"{source} is missing: `make dev-cluster` first (it builds from that "
-                         f"Go module), or `go mod download k8s.io/kubernetes@{version}`")
+    # Into the module cache the cluster's builds share, so this build needs no earlier
+    # `make dev-cluster` and can run beside the cluster's builds (.ci/run does).
+    module = f"k8s.io/kubernetes@{version}"
+    proc = hosttools.run(["go", "mod", "download", "-json", module], capture_output=True,
+                         text=True, env={**os.environ, "GOTOOLCHAIN": "local"})
+    found = json.loads(proc.stdout or "{}")
+    source = Path(found.get("Dir") or "") / "build/pause/linux/pause.c"
+    if proc.returncode != 0 or not found.get("Dir") or not source.exists():
+        why = found.get("Error") or proc.stderr.strip().splitlines()[-1:] or ["no error given"]
+        raise SystemExit(f"kubernetes' pause.c could not be fetched ({''.join(why)}): check "
+                         f"that Go can reach its module proxy, then run `go mod download "
+                         f"{module}` and build again")
     return source
 
 

@@ -205,14 +205,15 @@ def test_a_missing_go_is_one_line_naming_its_package(tmp_path):
     assert "apt-get install golang-go" in proc.stderr
 
 
-def fake_go(tmp_path: Path, answer: dict[str, str], code: int = 0) -> dict[str, str]:
+def fake_go(tmp_path: Path, answer: str, code: int = 0) -> dict[str, str]:
     """An environment whose `go` answers `go mod download -json` with `answer` (a stand-in
     for Go fetching the kubernetes module: the real one would download it) and records its
     arguments; Go's module cache is empty."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    (tmp_path / "answer").write_text(answer)
     (bin_dir / "go").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'argv'}\n"
-                                f"echo '{json.dumps(answer)}'\nexit {code}\n")
+                                f"cat {tmp_path / 'answer'}\nexit {code}\n")
     (bin_dir / "go").chmod(0o755)
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
             "GOMODCACHE": str(tmp_path / "empty-gomodcache")}
@@ -224,22 +225,25 @@ def test_the_pause_source_is_fetched_when_no_cluster_build_fetched_it(tmp_path, 
     module = tmp_path / "fetched"
     (module / "build/pause/linux").mkdir(parents=True)
     (module / "build/pause/linux/pause.c").write_text("int main(void) { return 0; }\n")
-    for key, value in fake_go(tmp_path, {"Dir": str(module)}).items():
+    for key, value in fake_go(tmp_path, json.dumps({"Dir": str(module)})).items():
         monkeypatch.setenv(key, value)
     assert images.pause_source() == module / "build/pause/linux/pause.c"
     argv = (tmp_path / "argv").read_text().split()
     assert argv == ["mod", "download", "-json", f"k8s.io/kubernetes@{images.k8s_version()}"]
 
 
-def test_a_failed_pause_source_fetch_is_one_line_saying_what_to_do(tmp_path):
+@pytest.mark.parametrize(("answer", "code", "why"), [
+    (json.dumps({"Error": "proxy unreachable\n\tand a second line"}), 1, "proxy unreachable"),
+    ("not JSON at all", 0, "no error given"),
+    (json.dumps({"Dir": "/nonexistent/k8s"}), 0, "no error given")])
+def test_a_failed_pause_source_fetch_is_one_line_saying_what_to_do(tmp_path, answer, code, why):
     env = {**os.environ, "TSORACLE_CACHE": str(tmp_path / "cache"),
-           **fake_go(tmp_path, {"Error": "proxy unreachable"}, code=1)}
+           **fake_go(tmp_path, answer, code=code)}
     proc = subprocess.run(BUILD, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "proxy unreachable" in proc.stderr and "go mod download k8s.io/kubernetes@" \
-        in proc.stderr
+    assert why in proc.stderr and "go mod download k8s.io/kubernetes@" in proc.stderr
 
 
 ONE_LINE = """# deb http://commented.invalid/debian bookworm main

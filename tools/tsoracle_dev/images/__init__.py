@@ -777,6 +777,16 @@ def k8s_version() -> str:
     return K8S_VERSION
 
 
+PAUSE_FETCH_TIMEOUT_S = 600  # the kubernetes module is tens of MB
+
+
+def _node_module() -> Path:
+    """The node's Go wrapper module (its go.sum pins the kubernetes module)."""
+    from tsoracle_dev.controlplane import cluster  # it imports this module
+
+    return cluster.HERE / "kube-node"
+
+
 def pause_source() -> Path:
     """kubernetes' pause.c, from the Go module cache the control plane is built from."""
     version = k8s_version()
@@ -788,17 +798,27 @@ def pause_source() -> Path:
         return source
     hosttools.need("go")
     # Into the module cache the cluster's builds share, so this build needs no earlier
-    # `make dev-cluster` and can run beside the cluster's builds (.ci/run does).
+    # `make dev-cluster` and can run beside the cluster's builds (.ci/run does). From inside
+    # the node's wrapper module, so the download is checked against its go.sum.
     module = f"k8s.io/kubernetes@{version}"
-    proc = hosttools.run(["go", "mod", "download", "-json", module], capture_output=True,
-                         text=True, env={**os.environ, "GOTOOLCHAIN": "local"})
-    found = json.loads(proc.stdout or "{}")
-    source = Path(found.get("Dir") or "") / "build/pause/linux/pause.c"
-    if proc.returncode != 0 or not found.get("Dir") or not source.exists():
-        why = found.get("Error") or proc.stderr.strip().splitlines()[-1:] or ["no error given"]
-        raise SystemExit(f"kubernetes' pause.c could not be fetched ({''.join(why)}): check "
-                         f"that Go can reach its module proxy, then run `go mod download "
-                         f"{module}` and build again")
+    try:
+        proc = hosttools.run(["go", "mod", "download", "-json", module], capture_output=True,
+                             text=True, timeout=PAUSE_FETCH_TIMEOUT_S,
+                             cwd=_node_module(),
+                             env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"})
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"go mod download {module} took more than {PAUSE_FETCH_TIMEOUT_S} s: "
+                         "check that Go can reach its module proxy, then build again") from None
+    try:
+        found = json.loads(proc.stdout or "{}")
+    except json.JSONDecodeError:
+        found = {}
+    source = Path(found.get("Dir") or "/nonexistent") / "build/pause/linux/pause.c"
+    if proc.returncode != 0 or not source.is_file():
+        why = (found.get("Error") or proc.stderr or "no error given").strip().splitlines()[0]
+        raise SystemExit(f"kubernetes' pause.c could not be fetched ({why}): check that Go can "
+                         f"reach its module proxy, then run `go mod download {module}` and "
+                         "build again")
     return source
 
 

@@ -312,3 +312,27 @@ def test_a_take_over_quicker_than_the_nemesis_is_seen(tmp_path):
     rec.ret(op, True, 42)
     nemesis.took_over(1)  # raised Stalled after the cap before the fix
     assert [f["fault"] for f in nemesis.faults] == ["legacy take-over", "took over"]
+
+
+def test_the_partition_waits_until_worker_0_serves(tmp_path):
+    """Regression: the partition cut worker 0 off at 30 % of the run's operations, which the
+    other workers once did alone while worker 0 still connected through its namespace (a CI
+    run: no call of worker 0's in the window, a failed check). It now waits for worker 0's
+    own operations, counted per worker."""
+    control = runner.Control(tmp_path / "control.json")
+    control.write(implementation="distributed", leader=0)
+    nemesis = runner.Nemesis("partition", "distributed", min_ops=10, cap_s=1.0,
+                             url="postgresql://h/d?schema=s", out=tmp_path, pg=None,
+                             control=control, procs={}, spawn=None, processes=4, run_id="r")
+    busy = runner.Recorder(tmp_path / "worker-1.jsonl", 1, "r")
+    for _ in range(50):
+        busy.ret(busy.call(0, runner.EPOCH_MILLISECONDS, "read"), True, 1)
+    nemesis.at(0.3)  # the run's share is done: worker 1 alone did it
+    with pytest.raises(runner.Stalled, match="worker 0 served 0 operations"):
+        nemesis.serving(0)
+    late = runner.Recorder(tmp_path / "worker-0.jsonl", 0, "r")
+    for _ in range(runner.SERVING_OPS):
+        late.ret(late.call(0, runner.EPOCH_MILLISECONDS, "read"), True, 1)
+    nemesis.deadline = float("inf")
+    nemesis.serving(0)  # returns once worker 0 has served its share
+    assert nemesis.progress.of(0) == runner.SERVING_OPS and nemesis.progress.of(1) == 50

@@ -562,8 +562,12 @@ class Progress:
     def __init__(self, out: Path) -> None:
         self.out = out
         self.offsets: dict[Path, int] = {}
-        self.ok = 0
         self.by_worker: dict[str, int] = {}  # "worker-0": its successful returns
+
+    @property
+    def ok(self) -> int:
+        """Every worker's successful returns as of the last poll."""
+        return sum(self.by_worker.values())
 
     def poll(self) -> int:
         for path in self.out.glob("worker-*.jsonl"):
@@ -571,9 +575,8 @@ class Progress:
                 f.seek(self.offsets.get(path, 0))
                 data = f.read()
             whole = data.rfind(b"\n") + 1  # a line still being written is counted next time
-            ok = data[:whole].count(b'"ok": true')
-            self.ok += ok
-            self.by_worker[path.stem] = self.by_worker.get(path.stem, 0) + ok
+            self.by_worker[path.stem] = (self.by_worker.get(path.stem, 0)
+                                         + data[:whole].count(b'"ok": true'))
             self.offsets[path] = self.offsets.get(path, 0) + whole
         return self.ok
 

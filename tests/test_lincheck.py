@@ -336,3 +336,22 @@ def test_the_partition_waits_until_worker_0_serves(tmp_path):
     nemesis.deadline = float("inf")
     nemesis.serving(0)  # returns once worker 0 has served its share
     assert nemesis.progress.of(0) == runner.SERVING_OPS and nemesis.progress.of(1) == 50
+
+
+def test_a_take_over_by_a_worker_still_starting_is_waited_for(tmp_path):
+    """Regression: worker 0 alone served the first take-over's spacing while worker 1 was still
+    importing (a CI-like parallel run), and waiting for worker 1's take-over read its history
+    before the file existed: a nemesis error, no take-over, a planted bug not caught."""
+    control = runner.Control(tmp_path / "control.json")
+    control.write(implementation="legacy", leader=0)
+    nemesis = runner.Nemesis("takeovers", "legacy", min_ops=10, cap_s=0.3,
+                             url="postgresql://h/d?schema=s", out=tmp_path, pg=None,
+                             control=control, procs={}, spawn=None, processes=4, run_id="r")
+    nemesis.lead(1)
+    with pytest.raises(runner.Stalled, match="worker 1 never took"):
+        nemesis.took_over(1)  # no history yet: waited for until the cap, not an error
+    started = runner.Recorder(tmp_path / "worker-1.jsonl", 1, "r")
+    started.ret(started.call(0, runner.EPOCH_MILLISECONDS, "reset"), True, 7)
+    nemesis.deadline = float("inf")
+    nemesis.took_over(1)
+    assert [f["fault"] for f in nemesis.faults][-1] == "took over"

@@ -1003,7 +1003,11 @@ class Nemesis:
         since, path = self.led_at, self.out / f"worker-{proc}.jsonl"
         pending: set[str] = set()
         while True:
-            for raw in path.read_text().splitlines():
+            try:
+                history = path.read_text()
+            except FileNotFoundError:  # still starting: a busy machine's imports take seconds
+                history = ""
+            for raw in history.splitlines():
                 try:
                     rec = json.loads(raw)
                 except json.JSONDecodeError:

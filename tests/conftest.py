@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tsoracle_dev import jvm
 from tsoracle_dev.controlplane.cluster import ControlPlane
 from tsoracle_dev.kube import Kube, Operator
 from tsoracle_dev.kubetools import tools_dir
@@ -21,6 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # at 0.5 ms, which loopback never reaches): every suite runs with several batches in flight.
 # Subprocesses (workloads, lincheck workers) inherit it.
 os.environ.setdefault("TSORACLE_PIPELINE_FROM_RTT_MS", "0")
+# Every local Spark driver the tests start (sessions, `tsoracle demo`, the docs' pages, the
+# submitting side of spark-submit) is short-lived: C1 only, the serial collector
+# (tsoracle_dev.jvm). spark-submit puts $SPARK_SUBMIT_OPTS on the driver JVM's command line.
+os.environ["SPARK_SUBMIT_OPTS"] = jvm.with_short_lived(os.environ.get("SPARK_SUBMIT_OPTS"))
 
 BACKENDS = ["sqlite", "postgresql"]
 # CockroachDB runs every transaction SERIALIZABLE; PostgreSQL does when a DBA says so. Suites

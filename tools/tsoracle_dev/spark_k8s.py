@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from tsoracle_dev import CHECKOUT
+from tsoracle_dev import CHECKOUT, jvm
 from tsoracle_dev.controlplane.cluster import DEFAULT_STATE, ControlPlane
 from tsoracle_dev.kubetools import tools_dir
 
@@ -51,6 +51,9 @@ def submit_argv(api_server: str, writer: str, *, namespace: str, resource: str, 
         "spark.kubernetes.executor.request.cores": "0.1",
         "spark.driver.memory": "512m",
         "spark.executor.memory": "512m",
+        # Jobs of seconds on a small node: C1 only, the serial collector (tsoracle_dev.jvm).
+        "spark.driver.extraJavaOptions": " ".join(jvm.SHORT_LIVED),
+        "spark.executor.extraJavaOptions": " ".join(jvm.SHORT_LIVED),
         **{f"spark.kubernetes.{role}.volumes.hostPath.data.{key}": value
            for role in ("driver", "executor") for key, value in volume.items()},
         # The kubelet puts the token in the driver's environment: it is in no argument, no

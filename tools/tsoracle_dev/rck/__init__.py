@@ -56,6 +56,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tsoracle_dev import jvm
 from tsoracle_dev.localpg import free_port
 
 POM = Path(__file__).resolve().with_name("pom.xml")
@@ -357,7 +358,7 @@ def run_kit(catalog_uri: str, warehouse: str, *, env: Mapping[str, str] | None =
             reports.mkdir(parents=True, exist_ok=True)
         report = reports / "open-test-report.xml"
         report.unlink(missing_ok=True)  # never count an earlier run's report
-        cmd = [java, "-Drck.local=false",
+        cmd = [java, *jvm.SHORT_LIVED, "-Drck.local=false",
                # The client logs every request at INFO; warnings and errors are what matter.
                "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                "-cp", f"{jars}/*", LAUNCHER_CLASS, "execute",

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 import tsoracle
+from tsoracle_dev import jvm
 from tsoracle_dev.rck import KIT_CLASSES, KitResult, reference_server, run_kit
 
 # Two JVMs per run of the kit, about 30 s each; one worker runs the module, so the reference
@@ -36,7 +37,7 @@ TOKEN = "rck-t0ken"
 def reference_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """The kit against Iceberg's own reference server: its result, warehouse and reports."""
     home = tmp_path_factory.mktemp("reference")
-    with reference_server(home / "warehouse") as uri:
+    with reference_server(home / "warehouse", jvm_options=jvm.SHORT_LIVED) as uri:
         result = run_kit(uri, (home / "warehouse").as_uri(), report_dir=home / "reports")
     return SimpleNamespace(result=result, warehouse=home / "warehouse", reports=home / "reports")
 

@@ -401,12 +401,15 @@ def _answers(url: str) -> bool:
 def reference_server(warehouse_dir: Path, *, log_path: Path | None = None,
                      timeout: float = SERVER_START_TIMEOUT,
                      jdbc_uri: str | None = None,
-                     extra_env: dict[str, str] | None = None) -> Iterator[str]:
+                     extra_env: dict[str, str] | None = None,
+                     jvm_options: Sequence[str] = ()) -> Iterator[str]:
     """Iceberg's reference REST catalog (`RESTCatalogServer`: a JDBC catalog on in-memory SQLite,
     HadoopFileIO) on a free port, with tables under `warehouse_dir`; yields its URL.
     `jdbc_uri` puts its JDBC catalog elsewhere (e.g. `jdbc:sqlite:file:/path/catalog.db`: the
     in-memory database fails requests now and then under concurrent writers); `extra_env`,
-    more of its CATALOG_* settings (CATALOG_JDBC_USER, CATALOG_JDBC_PASSWORD).
+    more of its CATALOG_* settings (CATALOG_JDBC_USER, CATALOG_JDBC_PASSWORD); `jvm_options`,
+    options for its JVM (a test's short-lived server: tsoracle_dev.jvm.SHORT_LIVED; never for a
+    benchmark's).
 
     Iceberg (1.10, 1.11) reads its settings from CATALOG_* variables only (CATALOG_REST_PORT is
     `rest.port`; a -Drest.port system property is ignored). Jetty listens on every interface.
@@ -426,8 +429,8 @@ def reference_server(warehouse_dir: Path, *, log_path: Path | None = None,
                              **({"CATALOG_URI": jdbc_uri} if jdbc_uri else {}),
                              **(extra_env or {})})
             with open(log_path, "w") as out:
-                proc = subprocess.Popen([java, "-cp", f"{jars}/*", SERVER_CLASS], env=env,
-                                        stdout=out, stderr=subprocess.STDOUT,
+                proc = subprocess.Popen([java, *jvm_options, "-cp", f"{jars}/*", SERVER_CLASS],
+                                        env=env, stdout=out, stderr=subprocess.STDOUT,
                                         preexec_fn=_die_with_parent)
             try:
                 deadline = time.monotonic() + timeout

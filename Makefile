@@ -19,7 +19,7 @@ dev-cluster-down:  ## stop it (pods, shims, interfaces too); etcd, PostgreSQL an
 dev-cluster-reset:  ## stop it and delete its state: the next `make dev-cluster` starts empty, with a new PostgreSQL password
 	@$(PYTHON) -m tsoracle_dev.controlplane.cluster down --purge
 
-test:  ## the whole suite as CI runs it: one worker per core (at most 4), the node's tests in one worker, in order
+test:  ## the whole suite as CI runs it: a worker per core and one more (at most 4), the node's tests in one worker, in order
 	$(PYTHON) -m pytest -q -n auto
 
 test-serial:  ## the whole suite in this one process (slower; tracebacks and pdb as usual)

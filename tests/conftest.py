@@ -72,12 +72,12 @@ FIXTURE_TIERS = {
 XDIST_GROUPS = {"node": "node"}
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # a run without xdist has no such hook
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto`: a worker per core and one more. Two workers on two cores left them about a
-    fifth idle (tests waiting on pods, reconciles, scrapes); a third filled it: tests 1,247 s
-    against 1,420 s (docs/performance.md, "CI"). $PYTEST_XDIST_AUTO_NUM_WORKERS still decides
-    when set (xdist's own hook reads it)."""
+    fifth idle (tests waiting on pods, reconciles, scrapes); a third filled them: tests 1,296 s
+    against 1,420 s in fresh clones (docs/performance.md, "CI"). $PYTEST_XDIST_AUTO_NUM_WORKERS
+    still decides when set (xdist's own hook reads it)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
     return len(os.sched_getaffinity(0)) + 1

@@ -63,14 +63,16 @@ class Kube:
     def tso(self, namespace: str, name: str) -> dict[str, Any]:
         # The Kubernetes client, not kubectl: wait_tso polls this five times a second, and each
         # kubectl costs a fork and 65 ms of CPU (1,600 of them in a suite run; issue 33).
-        if self._objects is None:
-            from kubernetes import client, config
-
-            self._objects = client.CustomObjectsApi(
-                config.new_client_from_config(config_file=str(self.kubeconfig)))
         try:
-            found = self._objects.get_namespaced_custom_object(GROUP, VERSION, namespace,
-                                                               PLURAL, name)
+            if self._objects is None:
+                from kubernetes import client, config
+
+                self._objects = client.CustomObjectsApi(
+                    config.new_client_from_config(config_file=str(self.kubeconfig)))
+            # kubectl's own limit was the 120 s of Kube.kubectl: a server that accepts and
+            # never answers must fail the poll, not hang it.
+            found = self._objects.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=(5, 30))
         except client_errors() as exc:
             raise AssertionError(f"reading timestamporacle {namespace}/{name} failed: "
                                  f"{exc}") from None
@@ -106,9 +108,10 @@ class Kube:
 
 def client_errors() -> tuple[type[Exception], ...]:
     from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
     from urllib3.exceptions import HTTPError
 
-    return ApiException, HTTPError
+    return ApiException, ConfigException, HTTPError
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -298,15 +298,21 @@ def test_the_oracle_reads_the_wall_clock_only_through_now():
     assert found == ["oracle/api.py time.time_ns"], where
 
 
+def offline_nemesis(tmp_path: Path, scenario: str, implementation: str, *, min_ops: int,
+                    cap_s: float) -> runner.Nemesis:
+    """A nemesis reading histories in `tmp_path`, with no workers or database behind it."""
+    control = runner.Control(tmp_path / "control.json")
+    control.write(implementation=implementation, leader=0)
+    return runner.Nemesis(scenario, implementation, min_ops=min_ops, cap_s=cap_s,
+                          url="postgresql://h/d?schema=s", out=tmp_path, pg=None,
+                          control=control, procs={}, spawn=None, processes=4, run_id="r")
+
+
 def test_a_take_over_quicker_than_the_nemesis_is_seen(tmp_path):
     """Regression: took_over() looked for the new leader's take-over only from its own call on,
     so one that landed between lead() and took_over() (the nemesis paused by a busy machine)
     was never seen and the run stalled at its cap (a CI run: 600 s, then a failed check)."""
-    control = runner.Control(tmp_path / "control.json")
-    control.write(implementation="legacy", leader=0)
-    nemesis = runner.Nemesis("takeovers", "legacy", min_ops=1, cap_s=2.0,
-                             url="postgresql://h/d?schema=s", out=tmp_path, pg=None,
-                             control=control, procs={}, spawn=None, processes=4, run_id="r")
+    nemesis = offline_nemesis(tmp_path, "takeovers", "legacy", min_ops=1, cap_s=2.0)
     nemesis.lead(1)
     rec = runner.Recorder(tmp_path / "worker-1.jsonl", 1, "r")  # worker 1 takes over at once
     op = rec.call(100, runner.EPOCH_MILLISECONDS, "reset")
@@ -320,11 +326,7 @@ def test_the_partition_waits_until_worker_0_serves(tmp_path):
     other workers once did alone while worker 0 still connected through its namespace (a CI
     run: no call of worker 0's in the window, a failed check). It now waits for worker 0's
     own operations, counted per worker."""
-    control = runner.Control(tmp_path / "control.json")
-    control.write(implementation="distributed", leader=0)
-    nemesis = runner.Nemesis("partition", "distributed", min_ops=10, cap_s=1.0,
-                             url="postgresql://h/d?schema=s", out=tmp_path, pg=None,
-                             control=control, procs={}, spawn=None, processes=4, run_id="r")
+    nemesis = offline_nemesis(tmp_path, "partition", "distributed", min_ops=10, cap_s=1.0)
     busy = runner.Recorder(tmp_path / "worker-1.jsonl", 1, "r")
     for _ in range(50):
         busy.ret(busy.call(0, runner.EPOCH_MILLISECONDS, "read"), True, 1)
@@ -343,11 +345,7 @@ def test_a_take_over_by_a_worker_still_starting_is_waited_for(tmp_path):
     """Regression: worker 0 alone served the first take-over's spacing while worker 1 was still
     importing (a CI-like parallel run), and waiting for worker 1's take-over read its history
     before the file existed: a nemesis error, no take-over, a planted bug not caught."""
-    control = runner.Control(tmp_path / "control.json")
-    control.write(implementation="legacy", leader=0)
-    nemesis = runner.Nemesis("takeovers", "legacy", min_ops=10, cap_s=0.3,
-                             url="postgresql://h/d?schema=s", out=tmp_path, pg=None,
-                             control=control, procs={}, spawn=None, processes=4, run_id="r")
+    nemesis = offline_nemesis(tmp_path, "takeovers", "legacy", min_ops=10, cap_s=0.3)
     nemesis.lead(1)
     with pytest.raises(runner.Stalled, match="worker 1 never took"):
         nemesis.took_over(1)  # no history yet: waited for until the cap, not an error
